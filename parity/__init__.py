@@ -1,0 +1,1 @@
+"""tp-parity: numerical parity verification for tensor-parallel LM output heads and losses."""

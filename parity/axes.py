@@ -1,0 +1,52 @@
+"""The axes a case can vary, their allowed values, defaults and how each appears in a case id.
+
+Ids are built from every axis a subject declares, in the subject's order, so adding a value to a
+matrix never renames an existing case.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    values: tuple | None  # None: any integer >= minimum
+    default: object
+    label: Callable[[object], str]
+    minimum: int = 1
+    help: str = ""
+
+    def allowed(self) -> str:
+        return ", ".join(map(repr, self.values)) if self.values is not None else f"an integer >= {self.minimum}"
+
+    def accepts(self, value) -> bool:
+        if self.values is not None:
+            # bool is an int in Python: keep True from matching 1 and the reverse.
+            return any(type(value) is type(v) and value == v for v in self.values)
+        return type(value) is int and value >= self.minimum
+
+
+def _flag(true_label, false_label):
+    return lambda v: true_label if v else false_label
+
+
+AXES: dict[str, Axis] = {a.name: a for a in [
+    Axis("backend", ("torch", "liger"), "torch", str, help="vocabulary-parallel CE backend requested"),
+    Axis("dtype", ("fp32", "bf16", "fp16"), "fp32", str,
+         help="model dtype; bf16/fp16 also enable DeepSpeed's bf16/fp16 optimizer (fp32 master weights)"),
+    Axis("reduction", ("none", "sum", "mean", "num_items"), "mean", str,
+         help="loss reduction; num_items = sum / non-ignored targets in the step (HF num_items_in_batch)"),
+    Axis("vocab", None, 34, lambda v: f"v{v}"),
+    Axis("hidden", None, 32, lambda v: f"h{v}"),
+    Axis("tied", (False, True), False, _flag("tied", "untied"), help="head weight shared with the embedding"),
+    Axis("bias", (True, False), True, _flag("bias", "nobias")),
+    Axis("head", ("lm_head", "embed_out"), "lm_head", str, help="attribute name of the output head"),
+    Axis("ignore", ("none", "scattered"), "scattered", lambda v: f"ign_{v}", help="ignore_index pattern in labels"),
+    Axis("zero", (0, 1, 2, 3), 0, lambda v: f"zero{v}", minimum=0),
+    Axis("gas", None, 2, lambda v: f"gas{v}", help="micro-batches accumulated per optimizer step"),
+    Axis("tp", None, 2, lambda v: f"tp{v}"),
+    Axis("dp", None, 1, lambda v: f"dp{v}"),
+    Axis("device", ("cpu", "cuda"), "cpu", str),
+]}

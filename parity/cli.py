@@ -1,0 +1,90 @@
+"""parity list | run: the command-line face of the suite."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from parity.cases import CaseFileError, load
+
+
+def select(cases, keyword: str | None, case_ids: list[str] | None):
+    if case_ids:
+        by_id = {c.id: c for c in cases}
+        unknown = [i for i in case_ids if i not in by_id]
+        if unknown:
+            raise SystemExit(f"parity: no case with id {unknown[0]!r} (see `parity list`)")
+        return [by_id[i] for i in case_ids]
+    if keyword:
+        # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(keyword)
+        cases = [c for c in cases if expr.evaluate(lambda term, c=c: term.lower() in c.id.lower())]
+    return cases
+
+
+def cmd_list(args) -> int:
+    cases = select(load(args.matrix), args.k, args.case)
+    if args.json:
+        print(json.dumps([c.as_dict() for c in cases], indent=1))
+    else:
+        for c in cases:
+            print(c.id)
+        print(f"{len(cases)} cases", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from parity.report import Progress, summary_table, write_summary
+    from parity.runner import Runner, strict_from_env
+
+    cases = select(load(args.matrix), args.k, args.case)
+    if not cases:
+        print("parity: no cases selected", file=sys.stderr)
+        return 2
+    strict = args.strict or strict_from_env()
+    runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs)
+    progress = Progress(len(cases))
+    print(f"running {len(cases)} cases" + (" (strict: skips fail)" if strict else ""), flush=True)
+    start = time.monotonic()
+    verdicts = []
+    try:
+        for case in cases:
+            verdict = runner.run(case)
+            verdicts.append(verdict)
+            progress.update(verdict)
+    finally:
+        runner.close()
+    wall = time.monotonic() - start
+    print(summary_table(verdicts, wall))
+    if args.report:
+        print(f"wrote {write_summary(args.report, verdicts, wall)}")
+    return 1 if any(v.status == "failed" for v in verdicts) else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="parity", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("list", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("--matrix", action="append", help="case file (repeatable; default: cases/*.toml)")
+        p.add_argument("-k", metavar="EXPR", help="select cases by id, pytest -k syntax")
+        p.add_argument("--case", action="append", metavar="ID", help="run exactly this case (repeatable)")
+    sub.choices["list"].add_argument("--json", action="store_true")
+    run = sub.choices["run"]
+    run.add_argument("--report", metavar="DIR", help="write DIR/summary.json")
+    run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
+    run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
+    run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+    args = parser.parse_args(argv)
+    try:
+        return {"list": cmd_list, "run": cmd_run}[args.command](args)
+    except CaseFileError as exc:
+        print(f"parity: bad case file: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Observations from every rank + the reference trajectories -> a list of checks.
+
+Expected shard slices come from parity.partition, never from the subject. Sharded logits are
+assembled here from the ranks' local blocks; the subject is only asked for what each rank holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from parity.partition import shard_sizes, shard_slice
+from parity.tolerances import DTYPES, parity_bound, sgd_identity_bound
+from references.trajectory import Trajectory
+
+PER_MICRO = ("logits", "loss", "head_input_grad")
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    step: int | None = None
+    micro: int | None = None
+    rank: int | None = None
+    measured: float | None = None
+    bound: float | None = None
+    detail: str = ""
+
+    @property
+    def margin(self) -> float | None:
+        return None if self.measured is None else self.bound - self.measured
+
+    @property
+    def ratio(self) -> float | None:
+        if self.measured is None:
+            return None
+        return 0.0 if self.measured == 0 else (float("inf") if self.bound == 0 else self.measured / self.bound)
+
+    def describe(self) -> str:
+        where = " ".join(f"{k}={v}" for k, v in (("step", self.step), ("micro", self.micro), ("rank", self.rank))
+                         if v is not None)
+        text = f"{self.name}" + (f" [{where}]" if where else "")
+        if self.measured is not None:
+            text += f": measured {self.measured:.3e}, bound {self.bound:.3e}, margin {self.margin:.3e}"
+        return text + (f" ({self.detail})" if self.detail else "")
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "step": self.step, "micro": self.micro, "rank": self.rank, "passed": self.passed,
+                "measured": self.measured, "bound": self.bound, "margin": self.margin, "detail": self.detail}
+
+
+def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int) -> np.ndarray:
+    if dim is None:
+        return array
+    index_tuple = [slice(None)] * array.ndim
+    index_tuple[dim] = shard_slice(total, parts, index)
+    return array[tuple(index_tuple)]
+
+
+class Comparison:
+    def __init__(self, subject, values: dict, observations: dict, reference: Trajectory, oracle: Trajectory):
+        self.subject, self.values = subject, values
+        self.obs = observations  # rank -> RankObservations
+        self.reference, self.oracle = reference, oracle
+        self.claims = subject.claims(values)
+        self.spec, self.train = subject.model_spec(values), subject.training_spec(values)
+        self.dtype = values["dtype"]
+        self.tp = values.get("tp", 1)
+        self.checks: list[Check] = []
+
+    def add(self, *args, **kwargs) -> None:
+        self.checks.append(Check(*args, **kwargs))
+
+    # -- numbers ---------------------------------------------------------------------------------
+    def close(self, name, got, ref, oracle, **where) -> None:
+        if got is None:
+            self.add(name, False, detail="not observed", **where)
+            return
+        if got.shape != oracle.shape:
+            self.add(name, False, detail=f"shape {got.shape} != expected {oracle.shape}", **where)
+            return
+        measured = float(np.max(np.abs(got - oracle))) if got.size else 0.0
+        bound = parity_bound(self.dtype, float(np.max(np.abs(ref - oracle))) if ref.size else 0.0,
+                             float(np.max(np.abs(oracle))) if oracle.size else 0.0)
+        finite = bool(np.all(np.isfinite(got)))
+        self.add(name, finite and measured <= bound.value, measured=measured, bound=bound.value,
+                 detail="" if finite else "non-finite values", **where)
+
+    def exact(self, name, got, want, **where) -> None:
+        if got is None or got.shape != want.shape:
+            self.add(name, False, detail="not observed" if got is None else f"shape {got.shape} != {want.shape}",
+                     **where)
+            return
+        diff = got != want
+        detail = ""
+        if diff.any():
+            first = tuple(int(i) for i in np.argwhere(diff)[0])
+            detail = f"{int(diff.sum())} of {diff.size} differ; first at {first}: {got[first]!r} vs {want[first]!r}"
+        measured = float(np.max(np.abs(got - want))) if got.size else 0.0
+        self.add(name, not diff.any(), measured=measured, bound=0.0, detail=detail, **where)
+
+    # -- the checks ----------------------------------------------------------------------------
+    def run(self) -> list[Check]:
+        self.check_claims()
+        self.check_initial_weights()
+        for step in range(self.train.steps):
+            for micro in range(self.train.micro_batches):
+                self.check_micro(step, micro)
+            self.check_step(step)
+        self.check_replicas_agree()
+        return self.checks
+
+    def check_claims(self) -> None:
+        for rank, o in sorted(self.obs.items()):
+            found = o.facts.get("module_types", {})
+            for path, want in self.claims.module_types.items():
+                self.add(f"module_type[{path}]", found.get(path) == want, rank=rank,
+                         detail=f"claimed {want}, found {found.get(path)}")
+            state = o.facts.get("state_at_start")
+            self.add("process_state_reset", state == self.subject.clean_state, rank=rank,
+                     detail=f"found {state}, expected {self.subject.clean_state}")
+            if self.claims.loss_backend is not None:
+                ran = o.facts.get("loss_backend", {})
+                wrong = {k: v for k, v in ran.items() if v != [self.claims.loss_backend]}
+                self.add("loss_backend", bool(ran) and not wrong and
+                         len(ran) == self.train.steps * self.train.micro_batches, rank=rank,
+                         detail=f"expected one '{self.claims.loss_backend}' CE call per micro-batch; "
+                                f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
+
+    def _param_view(self, name, array, rank, which: Trajectory):
+        dim = self.claims.param_shards.get(name)
+        full = which.get("weight", -1, None, None, name)
+        total = full.shape[dim] if dim is not None else 0
+        return _take(array, dim, total, self.tp, self.obs[rank].tp_rank)
+
+    def check_initial_weights(self) -> None:
+        # No arithmetic separates a shard from the reference's slice: demand equality.
+        for rank, o in sorted(self.obs.items()):
+            for name in [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]:
+                want = self._param_view(name, self.reference.get("weight", -1, None, None, name).numpy(),
+                                        rank, self.reference)
+                self.exact(f"initial_weight[{name}]", o.get("weight", -1, None, name), want, rank=rank)
+
+    def check_micro(self, step: int, micro: int) -> None:
+        V = self.spec.vocab
+        sizes = shard_sizes(V, self.tp)
+        for rank, o in sorted(self.obs.items()):
+            dp = o.dp_rank
+            for kind in PER_MICRO:
+                ref = self.reference.get(kind, step, micro, dp, None).numpy()
+                orc = self.oracle.get(kind, step, micro, dp, None).numpy()
+                got = o.get(kind, step, micro, None)
+                if kind == "logits" and self.claims.logits == "vocab_sharded":
+                    want_width = sizes[o.tp_rank]
+                    width = None if got is None else got.shape[-1]
+                    self.add("logits_shard_width", width == want_width, step=step, micro=micro, rank=rank,
+                             detail=f"local vocab width {width}, partition formula says {want_width}")
+                    sl = shard_slice(V, self.tp, o.tp_rank)
+                    ref, orc = ref[..., sl], orc[..., sl]
+                self.close(kind, got, ref, orc, step=step, micro=micro, rank=rank)
+            if self.claims.logits == "vocab_sharded" and o.tp_rank == 0:
+                self.check_assembled_logits(step, micro, o.dp_rank)
+
+    def check_assembled_logits(self, step, micro, dp) -> None:
+        group = sorted((o.tp_rank, o) for o in self.obs.values() if o.dp_rank == dp)
+        blocks = [o.get("logits", step, micro, None) for _, o in group]
+        if any(b is None for b in blocks) or len(blocks) != self.tp:
+            self.add("logits_assembled", False, step=step, micro=micro, detail="missing rank blocks")
+            return
+        assembled = np.concatenate(blocks, axis=-1)
+        self.close("logits_assembled", assembled, self.reference.get("logits", step, micro, dp, None).numpy(),
+                   self.oracle.get("logits", step, micro, dp, None).numpy(), step=step, micro=micro)
+
+    def check_step(self, step: int) -> None:
+        lr = self.train.lr
+        names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
+        for rank, o in sorted(self.obs.items()):
+            for name in names:
+                ref_g = self._param_view(name, self.reference.get("grad", step, None, None, name).numpy(), rank,
+                                         self.reference)
+                orc_g = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
+                                         self.reference)
+                got_g = o.get("grad", step, None, name)
+                self.close(f"grad[{name}]", got_g, ref_g, orc_g, step=step, rank=rank)
+                if got_g is not None:
+                    self.add(f"grad_nonzero[{name}]", bool(np.any(got_g != 0)), step=step, rank=rank,
+                             detail="gradient is all zeros")
+                ref_w = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
+                                         self.reference)
+                orc_w = self._param_view(name, self.oracle.get("weight", step, None, None, name).numpy(), rank,
+                                         self.reference)
+                got_w = o.get("weight", step, None, name)
+                self.close(f"weight[{name}]", got_w, ref_w, orc_w, step=step, rank=rank)
+                prev = o.get("weight", step - 1, None, name)
+                if got_w is None or prev is None or got_g is None:
+                    continue
+                self.add(f"weight_changed[{name}]", bool(np.any(got_w != prev)), step=step, rank=rank,
+                         detail="optimizer step left the weight unchanged")
+                self.check_sgd_identity(name, prev, got_g, got_w, lr, step, rank)
+
+    def check_sgd_identity(self, name, prev, grad, new, lr, step, rank) -> None:
+        if self.dtype == "fp32":
+            # SGD without momentum is p.add_(g, alpha=-lr) in float32: redo that very operation.
+            want = torch.from_numpy(prev).float().add(torch.from_numpy(grad).float(), alpha=-lr).double().numpy()
+            self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
+            return
+        want = prev - lr * grad
+        measured = float(np.max(np.abs(new - want)))
+        bound = sgd_identity_bound(self.dtype, float(np.max(np.abs(new))))
+        self.add(f"sgd_update[{name}]", measured <= bound, step=step, rank=rank, measured=measured, bound=bound)
+
+    def check_replicas_agree(self) -> None:
+        """Replicated values must be bitwise identical on every rank that holds them."""
+        ranks = sorted(self.obs)
+        first = self.obs[ranks[0]]
+        for key, value in first.tensors.items():
+            kind, step, micro, name = key
+            if kind in PER_MICRO:
+                if kind == "logits" and self.claims.logits == "vocab_sharded":
+                    continue
+                peers = [r for r in ranks[1:] if self.obs[r].dp_rank == first.dp_rank]
+            elif self.claims.param_shards.get(name) is None:
+                peers = ranks[1:]
+            else:
+                continue
+            for r in peers:
+                other = self.obs[r].tensors.get(key)
+                if other is None or other.shape != value.shape or np.any(other != value):
+                    where = f"{kind}[{name}]" if name else kind
+                    self.add(f"replicas_agree[{where}]", False, step=step, micro=micro, rank=r,
+                             detail=f"rank {r} differs from rank {ranks[0]}")
+                    return
+        self.add("replicas_agree", True, detail="all replicated tensors bitwise equal across ranks")
+
+
+def compare(subject, values, observations, reference, oracle) -> list[Check]:
+    return Comparison(subject, values, observations, reference, oracle).run()
+
+
+def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
+    from references.trajectory import train_reference
+
+    spec, train = subject.model_spec(values), subject.training_spec(values)
+    dtype = DTYPES[values["dtype"]]
+    return train_reference(spec, train, dtype), train_reference(spec, train, dtype, torch.float64)

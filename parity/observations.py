@@ -1,0 +1,31 @@
+"""What a rank reports about one case: recorded tensors and facts, as plain picklable data.
+
+Tensors travel as float64 numpy arrays (exact for bf16/fp16/fp32 values) tagged with their
+original dtype, so no torch shared-memory handles cross process boundaries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class RankObservations:
+    rank: int
+    tp_rank: int
+    dp_rank: int
+    # (kind, step, micro, name) -> float64 array; kinds as in references.trajectory plus the subject's own.
+    tensors: dict = field(default_factory=dict)
+    dtypes: dict = field(default_factory=dict)
+    # facts: module types, backend that ran per micro-batch, process state at case start, ...
+    facts: dict = field(default_factory=dict)
+
+    def record(self, kind: str, step: int, micro, name, tensor: torch.Tensor) -> None:
+        key = (kind, step, micro, name)
+        self.tensors[key] = tensor.detach().to("cpu", torch.float64).numpy().copy()
+        self.dtypes[key] = str(tensor.dtype).replace("torch.", "")
+
+    def get(self, kind, step, micro, name) -> np.ndarray | None:
+        return self.tensors.get((kind, step, micro, name))

@@ -1,0 +1,63 @@
+"""The body of one rank process: join the process group, then run cases until told to stop.
+
+Everything a rank prints (DeepSpeed's logs, C++ warnings, faulthandler dumps) goes to its own log
+file, so the parent can quote a dead or stuck rank's stack in that case's verdict.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+CASE_COLLECTIVE_TIMEOUT_S = 600
+
+
+def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
+              log_path: str) -> None:
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    faulthandler.enable(file=log, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+    import torch
+    import torch.distributed as dist
+
+    from parity.subjects import SUBJECTS
+    from parity.subjects.base import RankContext
+
+    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    # The parent holds the store on a port it bound itself, so concurrent pools never collide.
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
+    ctx = RankContext(rank=rank, world_size=world_size, device=device)
+    result_queue.put(("ready", rank, 0, None))
+
+    while True:
+        task = task_queue.get()
+        if task is None:
+            break
+        seq, subject_name, values = task
+        print(f"=== case {seq}: {subject_name} {values}", flush=True)
+        try:
+            subject = SUBJECTS[subject_name]
+            state = subject.reset_process_state(ctx)
+            torch.manual_seed(seq)  # nothing may depend on it; the subject seeds its own model and data
+            obs = subject.run_rank(values, ctx)
+            obs.facts["state_at_start"] = state
+            result_queue.put(("ok", rank, seq, obs))
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+            result_queue.put(("error", rank, seq, {"type": type(exc).__name__, "message": str(exc),
+                                                   "traceback": traceback.format_exc()}))
+    dist.destroy_process_group()

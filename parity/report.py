@@ -1,0 +1,88 @@
+"""Progress lines while running, the summary table at the end, and DIR/summary.json."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from parity.verdict import FAILED, PASSED, SKIPPED
+
+
+class Progress:
+    def __init__(self, total: int, stream=sys.stdout):
+        self.total, self.done, self.stream = total, 0, stream
+        self.start = time.monotonic()
+        self.counts = Counter()
+
+    def update(self, verdict) -> None:
+        self.done += 1
+        self.counts[verdict.status] += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        width = len(str(self.total))
+        print(f"[{self.done:>{width}}/{self.total}] {verdict.status.upper():7} {verdict.seconds:6.2f}s "
+              f"{verdict.case.id}  (eta {eta:4.0f}s)", file=self.stream, flush=True)
+        if verdict.status == FAILED:
+            print(verdict.explain(), file=self.stream, flush=True)
+        elif verdict.status == SKIPPED:
+            print(f"    skipped: {verdict.reason}", file=self.stream, flush=True)
+
+
+def summary_table(verdicts, wall_s: float) -> str:
+    counts = Counter(v.status for v in verdicts)
+    by_subject: dict = {}
+    for v in verdicts:
+        by_subject.setdefault(v.case.subject, Counter())[v.status] += 1
+    rows = [("subject", "cases", "passed", "failed", "skipped")]
+    for subject, c in sorted(by_subject.items()):
+        rows.append((subject, sum(c.values()), c[PASSED], c[FAILED], c[SKIPPED]))
+    rows.append(("total", len(verdicts), counts[PASSED], counts[FAILED], counts[SKIPPED]))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+    lines = ["  ".join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in
+                       enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(-1, "-" * len(lines[0]))
+    skipped = Counter(v.reason for v in verdicts if v.status == SKIPPED)
+    if skipped:
+        lines.append("skipped, by reason:")
+        lines.extend(f"  {n:4d}  {reason}" for reason, n in skipped.most_common())
+    failed = [v for v in verdicts if v.status == FAILED]
+    if failed:
+        lines.append("failed (reproduce each with the command shown):")
+        lines.extend(f"  {v.case.id}: {v.first_failure}\n    {v.repro()}" for v in failed)
+    ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None]
+    if ratios:
+        lines.append(f"closest numerical check: {max(ratios):.3f} of its bound")
+    lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped "
+                 f"in {wall_s:.1f} s")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
+            "cpu_count": __import__("os").cpu_count()}
+    for name in ("deepspeed", "liger_kernel", "triton"):
+        try:
+            from importlib.metadata import version
+            info[name] = version(name.replace("_", "-"))
+        except Exception:  # noqa: BLE001 - absence is the information
+            info[name] = None
+    return info
+
+
+def write_summary(directory, verdicts, wall_s: float, argv=None) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = Counter(v.status for v in verdicts)
+    data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
+            "counts": {"total": len(verdicts), PASSED: counts[PASSED], FAILED: counts[FAILED],
+                       SKIPPED: counts[SKIPPED]},
+            "cases": [v.as_dict() for v in verdicts]}
+    path = directory / "summary.json"
+    path.write_text(json.dumps(data, indent=1, default=str))
+    return path

@@ -1,0 +1,86 @@
+"""Cases -> rank groups -> observations -> comparison -> verdicts."""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from parity.cases import Case
+from parity.compare import compare, reference_pair
+from parity.rank_pool import PoolStartError, RankPool
+from parity.subjects import SUBJECTS
+from parity.verdict import FAILED, PASSED, SKIPPED, Verdict
+
+DEFAULT_CASE_TIMEOUT_S = 120.0
+
+
+def strict_from_env() -> bool:
+    return os.environ.get("PARITY_STRICT", "").lower() in ("1", "true", "yes")
+
+
+class Runner:
+    def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None):
+        self.timeout_s = timeout_s
+        self.strict = strict
+        self.log_dir = log_dir
+        self.pools: dict = {}
+
+    def pool(self, world_size: int, device: str) -> RankPool:
+        key = (world_size, device)
+        if key not in self.pools:
+            self.pools[key] = RankPool(world_size, device, self.log_dir)
+        return self.pools[key]
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+        self.pools.clear()
+
+    def run(self, case: Case) -> Verdict:
+        start = time.monotonic()
+        try:
+            verdict = self._run(case)
+        except Exception:  # noqa: BLE001 - a harness bug fails this case, not the whole run
+            verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
+        verdict.seconds = time.monotonic() - start
+        return verdict
+
+    def _run(self, case: Case) -> Verdict:
+        subject = SUBJECTS[case.subject]
+        values = case.values
+        reason = subject.unavailable_reason(values)
+        if reason:
+            if self.strict:
+                return Verdict(case, FAILED, reason=f"strict mode: would skip: {reason}")
+            return Verdict(case, SKIPPED, reason=reason)
+        try:
+            outcome = self.pool(case.world_size, values.get("device", "cpu")).run(case.subject, values, self.timeout_s)
+        except PoolStartError as exc:
+            return Verdict(case, FAILED, reason=str(exc))
+        if case.expect.is_error:
+            return self._rejection_verdict(case, outcome)
+        if outcome.errors:
+            first = min(outcome.errors)
+            err = outcome.errors[first]
+            return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
+                           rank_errors=outcome.errors)
+        reference, oracle = reference_pair(subject, values)
+        checks = compare(subject, values, outcome.observations, reference, oracle)
+        if not any(c.measured is not None for c in checks):
+            return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
+        status = PASSED if all(c.passed for c in checks) else FAILED
+        return Verdict(case, status, checks=checks)
+
+    def _rejection_verdict(self, case: Case, outcome) -> Verdict:
+        want = case.expect
+        problems = []
+        for rank in range(case.world_size):
+            err = outcome.errors.get(rank)
+            if err is None:
+                problems.append(f"rank {rank} raised nothing (expected {want.error} matching {want.match!r})")
+            elif err.type != want.error or want.match not in err.message:
+                problems.append(f"rank {rank} raised {err.type}: {err.message.splitlines()[0] if err.message else ''!s}"
+                                f" (expected {want.error} matching {want.match!r})")
+        if problems:
+            return Verdict(case, FAILED, reason="; ".join(problems), rank_errors=outcome.errors)
+        return Verdict(case, PASSED, reason=f"every rank raised {want.error} matching {want.match!r}")

@@ -1,0 +1,79 @@
+"""The one interface every subject implements.
+
+A subject turns a case into observations on each rank (``run_rank``) and states what it claims
+about itself (``claims``): which modules it installs, how each parameter is sharded, how its
+logits are laid out, which loss backend must run. The comparison checks both the numbers and the
+claims, so a subject that silently did nothing, or did something else, fails.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from references.tiny_lm import ModelSpec
+from references.trajectory import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Claims:
+    module_types: dict  # module path in the model -> class name that must be there after setup
+    param_shards: dict  # parameter name -> dim it is sharded along, None when replicated
+    logits: str  # "replicated" (full logits on every rank) or "vocab_sharded"
+    loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
+    notes: tuple = field(default_factory=tuple)
+
+
+@dataclass
+class RankContext:
+    """Where a rank process stands; built once per process by the worker."""
+    rank: int
+    world_size: int
+    device: str
+    state: dict = field(default_factory=dict)  # per-process caches owned by subjects
+
+    def tp_dp(self, tp: int) -> tuple[int, int]:
+        # DeepSpeed's mesh is (dp, tp): TP groups are consecutive ranks.
+        return self.rank % tp, self.rank // tp
+
+
+class Subject(ABC):
+    name: str = ""
+    description: str = ""
+    axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
+    defaults: dict = {}  # axis defaults that differ from parity.axes
+    clean_state: dict = {}  # what reset_process_state must report before every case
+
+    def world_size(self, values: dict) -> int:
+        return values.get("tp", 1) * values.get("dp", 1)
+
+    def markers(self, values: dict) -> list[str]:
+        device = values.get("device", "cpu")
+        found = ["gpu" if device == "cuda" else "cpu", f"world{self.world_size(values)}"]
+        if values.get("backend") == "liger":
+            found.append("liger")
+        return found
+
+    def unavailable_reason(self, values: dict) -> str | None:
+        """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""
+        return None
+
+    def model_spec(self, values: dict) -> ModelSpec:
+        return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
+                         head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
+                         reduction=values.get("reduction", "mean"))
+
+    def training_spec(self, values: dict) -> TrainingSpec:
+        return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),
+                            dp=values.get("dp", 1))
+
+    @abstractmethod
+    def claims(self, values: dict) -> Claims:
+        ...
+
+    @abstractmethod
+    def run_rank(self, values: dict, ctx: RankContext):
+        """Runs inside rank process ``ctx.rank``; returns parity.observations.RankObservations."""
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        """Undo process-global state a previous case may have left; return a snapshot proving it."""
+        return {}

@@ -1,0 +1,244 @@
+"""DeepSpeed 0.19.8 AutoTP output heads, driven the way users drive them: through deepspeed.initialize.
+
+DeepSpeed is imported only inside rank processes, so listing and collecting cases stays fast and
+works without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import torch
+
+from parity.observations import RankObservations
+from parity.subjects.base import Claims, RankContext, Subject
+from parity.tolerances import DTYPES
+from references.data import count_items
+from references.tiny_lm import build_model, capture_head_input_grad
+
+COMMON_AXES = {
+    "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
+    "ignore": None, "zero": (0, 1, 2), "gas": None, "tp": None,
+}
+
+
+def setup_deepspeed(ctx: RankContext) -> None:
+    """Once per rank process: join DeepSpeed's comm layer to the process group the worker made."""
+    if "deepspeed" in ctx.state:
+        return
+    # The CPU shared-memory all-reduce op is JIT-compiled (35-100 s) on first init and only serves
+    # inference_all_reduce, which no training head calls. Not building it keeps every rank's start
+    # in seconds; the inference-only head (a later subject) then takes torch's all_reduce, and its
+    # case says so. See README "DeepSpeed's CPU shm op".
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else "nccl")
+    ctx.state["deepspeed"] = {"tp_groups": {}}
+
+
+def install_tp_groups(ctx: RankContext, tp: int) -> None:
+    """DeepSpeed builds its (dp, tp) groups once per process and keeps them in module globals.
+
+    Cases in one pooled process may use different TP sizes, and building groups per case would
+    leak a gloo group each time, so one set per TP size is made once and installed per case.
+    """
+    from deepspeed.utils import groups
+
+    cache = ctx.state["deepspeed"]["tp_groups"]
+    names = ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP")
+    if tp not in cache:
+        for n in names:
+            setattr(groups, n, None)
+        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        cache[tp] = tuple(getattr(groups, n) for n in names)
+    for n, g in zip(names, cache[tp]):
+        setattr(groups, n, g)
+
+
+def reset_deepspeed_state() -> dict:
+    """Process-global AutoTP state a previous case may have left behind (deepspeed-autotp.md)."""
+    from deepspeed.module_inject import layers
+    from deepspeed.utils import groups
+
+    layers.set_autotp_mode(training=False)
+    layers.TensorParallel_Layer.tp_overlap_comm = False
+    layers.TensorParallel_Layer.keep_module_on_host = False
+    for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
+        setattr(groups, n, None)
+    return {
+        "autotp_training_mode": layers.is_autotp_training_mode(),
+        "tp_overlap_comm": layers.TensorParallel_Layer.tp_overlap_comm,
+        "keep_module_on_host": layers.TensorParallel_Layer.keep_module_on_host,
+        "tp_group_installed": groups._TENSOR_MODEL_PARALLEL_GROUP is not None,
+    }
+
+
+CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_module_on_host": False,
+               "tp_group_installed": False}
+
+
+def _attribute(root, path: str):
+    for part in path.split("."):
+        root = getattr(root, part, None)
+    return root
+
+
+class _RecordingFunction:
+    """Stands in for an autograd Function's ``apply`` and notes which backend ran."""
+
+    def __init__(self, original, backend, log):
+        self.original, self.backend, self.log = original, backend, log
+
+    def apply(self, *args):
+        self.log.append(self.backend)
+        return self.original.apply(*args)
+
+
+@contextlib.contextmanager
+def record_loss_backend(log: list):
+    """Observe which vocabulary-parallel CE implementation each call actually ran."""
+    ce = importlib.import_module("deepspeed.sequence.cross_entropy")
+    torch_fn, liger_fn = ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy
+
+    def liger_recorded(*args, **kwargs):
+        log.append("liger")
+        return liger_fn(*args, **kwargs)
+
+    ce._VocabParallelCrossEntropy = _RecordingFunction(torch_fn, "torch", log)
+    ce._liger_vocab_cross_entropy = liger_recorded
+    try:
+        yield
+    finally:
+        ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
+
+
+class EngineHead(Subject):
+    """Shared engine loop; subclasses say how the head is selected and what it must become."""
+
+    axes = COMMON_AXES
+
+    def tensor_parallel_config(self, values: dict) -> dict:
+        raise NotImplementedError
+
+    def ds_config(self, values: dict, train) -> dict:
+        cfg = {
+            "train_micro_batch_size_per_gpu": train.batch,
+            "gradient_accumulation_steps": train.micro_batches,
+            "gradient_clipping": 0.0,  # DeepSpeed's default of 1.0 would silently clip
+            # ZeRO's default buckets hold 5e8 elements: allocating and zeroing them costs seconds
+            # per case on CPU for a model of a few thousand parameters.
+            "zero_optimization": {"stage": values["zero"], "reduce_bucket_size": 1_000_000,
+                                  "allgather_bucket_size": 1_000_000},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+            "tensor_parallel": {"autotp_size": values["tp"], **self.tensor_parallel_config(values)},
+        }
+        if values["dtype"] == "bf16":
+            cfg["bf16"] = {"enabled": True}
+        elif values["dtype"] == "fp16":
+            # A static scale of 1: dynamic scaling would skip steps on overflow, which the
+            # reference does not model. The tiny model's gradients are far from fp16's range limits.
+            cfg["fp16"] = {"enabled": True, "loss_scale": 1.0}
+        return cfg
+
+    clean_state = CLEAN_STATE
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        setup_deepspeed(ctx)
+        return reset_deepspeed_state()
+
+    def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
+        import deepspeed
+        from deepspeed.utils import safe_get_full_grad
+
+        setup_deepspeed(ctx)
+        tp = values["tp"]
+        install_tp_groups(ctx, tp)
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        spec, train = self.model_spec(values), self.training_spec(values)
+        model = build_model(spec, train.seed, DTYPES[values["dtype"]]).to(ctx.device)
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        backend_log: list = []
+        with record_loss_backend(backend_log):
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
+                                              config=self.ds_config(values, train))
+            try:
+                obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
+                                             for path in self.claims(values).module_types}
+                params = dict(model.named_parameters())
+                for name, p in params.items():
+                    obs.record("weight", -1, None, name, p)
+                captured = {}
+                capture_head_input_grad(model, captured)
+                backends = {}
+                for step in range(train.steps):
+                    batches = [{k: t.to(ctx.device) for k, t in b.items()}
+                               for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
+                    num_items = count_items(batches, spec.ignore_index)
+                    for micro, batch in enumerate(batches):
+                        before = len(backend_log)
+                        loss, logits = engine(**batch, num_items_in_batch=num_items)
+                        backends[(step, micro)] = backend_log[before:]
+                        obs.record("logits", step, micro, None, logits)
+                        obs.record("loss", step, micro, None, loss)
+                        engine.backward(loss.sum() if spec.reduction == "none" else loss)
+                        obs.record("head_input_grad", step, micro, None, captured.pop("h"))
+                        if engine.is_gradient_accumulation_boundary():
+                            # The gradient the update will use: only readable between the boundary
+                            # backward and step().
+                            for name, p in params.items():
+                                grad = safe_get_full_grad(p)
+                                if grad is not None:
+                                    obs.record("grad", step, None, name, grad)
+                        # DeepSpeed's contract: step() after every micro-batch; it updates on the boundary.
+                        engine.step()
+                    obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+                    for name, p in params.items():
+                        obs.record("weight", step, None, name, p)
+                obs.facts["loss_backend"] = backends
+            finally:
+                engine.destroy()
+        return obs
+
+
+class ColumnGatheredHead(EngineHead):
+    name = "column_gathered"
+    description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
+                   "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
+    axes = COMMON_AXES
+
+    def tensor_parallel_config(self, values):
+        head = values["head"]
+        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
+            {"patterns": [rf"{head}\.weight$"], "partition_type": "column", "gather_output": True},
+        ]}}
+
+    def claims(self, values):
+        head = values["head"]
+        return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
+                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
+                      logits="replicated", loss_backend=None)
+
+
+class VocabParallelHead(EngineHead):
+    name = "vocab_parallel"
+    description = ("PR-B: vocab_parallel_lm_head=true; VocabParallelLinear keeps rank-local logits and the "
+                   "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
+    # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
+    # 'none' is not reachable through the model hook (the direct CE subject covers it).
+    axes = {"backend": ("torch",), **{k: v for k, v in COMMON_AXES.items()}, "reduction": ("mean", "num_items")}
+
+    def tensor_parallel_config(self, values):
+        return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
+                "partition_config": {"use_default_specs": False, "layer_specs": [
+                    {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
+
+    def claims(self, values):
+        head = values["head"]
+        return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
+                                    "loss_function": "VocabParallelCausalLMLoss"},
+                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
+                      logits="vocab_sharded", loss_backend=values["backend"])

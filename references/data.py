@@ -1,0 +1,28 @@
+"""Deterministic batches: a pure function of (seed, step, micro-batch, data-parallel rank)."""
+from __future__ import annotations
+
+import torch
+
+IGNORE_PATTERNS = ("none", "scattered")
+
+
+def make_batch(seed: int, step: int, micro: int, dp_rank: int, *, batch: int, seq: int, vocab: int,
+               ignore: str, ignore_index: int = -100) -> dict:
+    # An explicit mix, not hash(): the stream must not depend on the interpreter.
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step * 10_007 + micro * 101 + dp_rank) % (2**31))
+    input_ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    # Targets cover the whole vocabulary range, so every shard owns some of them.
+    labels = torch.randint(0, vocab, (batch, seq), generator=gen)
+    labels[0, -1] = vocab - 1  # the last vocabulary row always receives a target
+    if ignore == "scattered":
+        mask = torch.rand((batch, seq), generator=gen) < 0.25
+        mask[0, 1] = True
+        labels = labels.masked_fill(mask, ignore_index)
+    elif ignore != "none":
+        raise ValueError(f"ignore pattern must be one of {IGNORE_PATTERNS}, got {ignore!r}")
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def count_items(batches, ignore_index: int = -100) -> int:
+    """Non-ignored shifted targets over a whole optimizer step (what HF passes as num_items_in_batch)."""
+    return int(sum((b["labels"][..., 1:] != ignore_index).sum() for b in batches))

@@ -1,0 +1,41 @@
+"""Causal-shift cross entropy, written out from its definition.
+
+Logits are upcast to float32 (or kept at float64 for the oracle) before the softmax, which is
+what HF models and DeepSpeed's vocabulary-parallel CE both do. The shift follows HF:
+logits[..., :-1, :] predict labels[..., 1:].
+"""
+from __future__ import annotations
+
+import torch
+
+REDUCTIONS = ("none", "sum", "mean", "num_items")
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """-log softmax(logits)[target] per token, 0 where the target is ignored (computed, not looked up in torch's CE)."""
+    compute = logits if logits.dtype == torch.float64 else logits.float()
+    valid = targets != ignore_index
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
+    row_max = compute.max(dim=-1, keepdim=True).values.detach()
+    shifted = compute - row_max
+    log_norm = shifted.exp().sum(dim=-1).log()
+    picked = shifted.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, log_norm - picked, torch.zeros_like(log_norm))
+
+
+def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None):
+    """reduction: none -> per-token losses [B, T-1]; sum; mean over non-ignored tokens;
+    num_items -> sum / num_items_in_batch (HF Trainer's token-count normalisation)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    losses = token_losses(logits[..., :-1, :], labels[..., 1:], ignore_index)
+    if reduction == "none":
+        return losses
+    total = losses.sum()
+    if reduction == "sum":
+        return total
+    if reduction == "num_items":
+        return total / max(int(num_items_in_batch), 1)
+    count = (labels[..., 1:] != ignore_index).sum()
+    # An all-ignored batch gives 0/0 in torch's CE (nan); define it as 0 like DeepSpeed's CE.
+    return total / count.clamp_min(1)

@@ -1,0 +1,27 @@
+"""Plain SGD (no momentum, no weight decay, no clipping), optionally through fp32 master weights.
+
+Mixed precision as DeepSpeed's bf16/fp16 optimizers do it: the model holds low-precision weights,
+the optimizer a float32 master copy; the update is applied to the master, then cast back.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SGD:
+    def __init__(self, params: dict[str, torch.nn.Parameter], lr: float, master_dtype: torch.dtype | None):
+        self.params = params
+        self.lr = lr
+        self.master = None
+        if master_dtype is not None:
+            self.master = {name: p.detach().to(master_dtype).clone() for name, p in params.items()}
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, torch.Tensor]) -> None:
+        for name, p in self.params.items():
+            if self.master is None:
+                p.sub_(self.lr * grads[name].to(p.dtype))
+            else:
+                master = self.master[name]
+                master.sub_(self.lr * grads[name].to(master.dtype))
+                p.copy_(master.to(p.dtype))

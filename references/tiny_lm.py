@@ -1,0 +1,79 @@
+"""A tiny causal LM whose output head is the thing being sharded.
+
+embed_tokens -> proj -> tanh -> head, where head is named ``lm_head`` or ``embed_out`` (the two
+names DeepSpeed's head detection looks for) and may share its weight with the embedding.
+The same class is the unsharded reference and, deep-copied, the model handed to a subject:
+it plays the part of the user's model, not of the code under test.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from references.loss import causal_lm_loss
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    vocab: int
+    hidden: int
+    bias: bool = True
+    head_name: str = "lm_head"
+    tied: bool = False
+    reduction: str = "mean"
+    ignore_index: int = -100
+
+
+class TinyCausalLM(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
+        setattr(self, spec.head_name, nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
+        if spec.tied:
+            self.head.weight = self.embed_tokens.weight
+        # HF-style hook: a vocabulary-parallel subject replaces it with its distributed loss.
+        self.loss_function = None
+
+    @property
+    def head(self) -> nn.Module:
+        return getattr(self, self.spec.head_name)
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(self.embed_tokens(input_ids)))
+
+    def forward(self, input_ids, labels=None, num_items_in_batch=None):
+        logits = self.head(self.hidden_states(input_ids))
+        if labels is None:
+            return None, logits
+        if self.spec.reduction != "num_items":
+            num_items_in_batch = None  # as HF: only a trainer that counts tokens passes it
+        if self.loss_function is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.spec.vocab,
+                                      num_items_in_batch=num_items_in_batch)
+        else:
+            loss = causal_lm_loss(logits, labels, reduction=self.spec.reduction,
+                                  ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch)
+        return loss, logits
+
+
+def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
+    """Initial weights depend only on (spec, seed): drawn in fp32, then cast, on every process alike."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = TinyCausalLM(spec)
+    torch.random.set_rng_state(gen_state)
+    return model.to(dtype)
+
+
+def capture_head_input_grad(model: TinyCausalLM, sink: dict) -> None:
+    """After each backward, sink["h"] holds the gradient that reached the head's input."""
+
+    def pre_hook(module, args):
+        args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
+        # returning None keeps the head's input unchanged
+
+    model.head.register_forward_pre_hook(pre_hook)

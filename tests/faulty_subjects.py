@@ -1,0 +1,90 @@
+"""Deliberately wrong or misbehaving subjects: the suite must report every one of them.
+
+Loaded into parent and rank processes through PARITY_SUBJECT_MODULES=tests.faulty_subjects.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from parity.subjects.deepspeed_autotp import ColumnGatheredHead
+
+
+class DroppedInputGradAllReduce(ColumnGatheredHead):
+    """ColumnParallel.backward without its all-reduce: the head-input gradient misses the other shard's term."""
+    name = "faulty_dropped_allreduce"
+
+    def run_rank(self, values, ctx):
+        from deepspeed.module_inject import layers
+
+        original = layers.ColumnParallel.backward
+        layers.ColumnParallel.backward = staticmethod(lambda c, grad: (None, grad))
+        try:
+            return super().run_rank(values, ctx)
+        finally:
+            layers.ColumnParallel.backward = original
+
+
+class UnshardedHead(ColumnGatheredHead):
+    """Claims a column-parallel head but configures nothing: the head stays a replicated nn.Linear."""
+    name = "faulty_unsharded_head"
+
+    def tensor_parallel_config(self, values):
+        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+            {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
+
+
+class RaisesOnRankOne(ColumnGatheredHead):
+    """Rank 1 fails before initialize; rank 0 then waits in a collective rank 1 never joins."""
+    name = "faulty_raises_on_rank1"
+
+    def run_rank(self, values, ctx):
+        if ctx.rank == 1:
+            raise RuntimeError("planted failure on rank 1")
+        return super().run_rank(values, ctx)
+
+
+class HangsOnRankZero(ColumnGatheredHead):
+    name = "faulty_hangs_on_rank0"
+
+    def run_rank(self, values, ctx):
+        if ctx.rank == 0:
+            planted_hang()
+        return super().run_rank(values, ctx)
+
+
+def planted_hang():
+    time.sleep(3600)
+
+
+class DiesOnRankOne(ColumnGatheredHead):
+    name = "faulty_dies_on_rank1"
+
+    def run_rank(self, values, ctx):
+        if ctx.rank == 1:
+            os._exit(3)
+        return super().run_rank(values, ctx)
+
+
+class LeavesStateBehind(ColumnGatheredHead):
+    """Passes itself, then leaves AutoTP's process-global switches flipped for the next case."""
+    name = "faulty_leaves_state"
+
+    def run_rank(self, values, ctx):
+        obs = super().run_rank(values, ctx)
+        from deepspeed.module_inject import layers
+
+        layers.TensorParallel_Layer.tp_overlap_comm = True
+        layers.TensorParallel_Layer.keep_module_on_host = True
+        return obs
+
+
+class AlwaysRejects(ColumnGatheredHead):
+    name = "faulty_always_rejects"
+
+    def run_rank(self, values, ctx):
+        raise ValueError(f"planted rejection on rank {ctx.rank}")
+
+
+SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(),
+            LeavesStateBehind(), AlwaysRejects()]
