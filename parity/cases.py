@@ -180,8 +180,17 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     return cases
 
 
+def _display(path: Path) -> str:
+    """Repository-relative where possible, so ids, sources and repro commands read the same everywhere."""
+    try:
+        return str(path.resolve().relative_to(CASES_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
 def load_file(path) -> list[Case]:
     path = Path(path)
+    shown = _display(path)
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -194,7 +203,7 @@ def load_file(path) -> list[Case]:
     matrices = data.get("matrix")
     if not isinstance(matrices, list) or not matrices:
         raise CaseFileError(path, "matrix", "no [[matrix]] tables")
-    cases = [c for i, m in enumerate(matrices) for c in expand_matrix(path, i, m)]
+    cases = [c for i, m in enumerate(matrices) for c in expand_matrix(shown, i, m)]
     return _unique(cases)
 
 

@@ -9,7 +9,9 @@ import time
 from parity.cases import CaseFileError, load
 
 
-def select(cases, keyword: str | None, case_ids: list[str] | None):
+def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None):
+    if device:
+        cases = [c for c in cases if c.values.get("device", "cpu") == device]
     if case_ids:
         by_id = {c.id: c for c in cases}
         unknown = [i for i in case_ids if i not in by_id]
@@ -26,7 +28,7 @@ def select(cases, keyword: str | None, case_ids: list[str] | None):
 
 
 def cmd_list(args) -> int:
-    cases = select(load(args.matrix), args.k, args.case)
+    cases = select(load(args.matrix), args.k, args.case, args.device)
     if args.json:
         print(json.dumps([c.as_dict() for c in cases], indent=1))
     else:
@@ -40,7 +42,7 @@ def cmd_run(args) -> int:
     from parity.report import Progress, summary_table, write_summary
     from parity.runner import Runner, strict_from_env
 
-    cases = select(load(args.matrix), args.k, args.case)
+    cases = select(load(args.matrix), args.k, args.case, args.device)
     if not cases:
         print("parity: no cases selected", file=sys.stderr)
         return 2
@@ -72,6 +74,7 @@ def main(argv=None) -> int:
         p.add_argument("--matrix", action="append", help="case file (repeatable; default: cases/*.toml)")
         p.add_argument("-k", metavar="EXPR", help="select cases by id, pytest -k syntax")
         p.add_argument("--case", action="append", metavar="ID", help="run exactly this case (repeatable)")
+        p.add_argument("--device", choices=("cpu", "cuda"), help="only cases on this device")
     sub.choices["list"].add_argument("--json", action="store_true")
     run = sub.choices["run"]
     run.add_argument("--report", metavar="DIR", help="write DIR/summary.json")

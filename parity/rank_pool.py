@@ -67,6 +67,7 @@ class RankPool:
         self.procs: list = []
         self.seq = 0
         self.generation = 0
+        self.mode = ""  # as the ranks reported it, e.g. "2 ranks sharing cuda:0 over gloo"
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -89,8 +90,9 @@ class RankPool:
         ready, deadline = set(), time.monotonic() + START_TIMEOUT_S
         while len(ready) < self.world_size:
             try:
-                kind, rank, _, _ = self.results.get(timeout=0.5)
+                kind, rank, _, mode = self.results.get(timeout=0.5)
                 ready.add(rank)
+                self.mode = mode
                 continue
             except queue.Empty:
                 pass

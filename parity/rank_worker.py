@@ -27,6 +27,8 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
 
     import torch
     import torch.distributed as dist
@@ -34,15 +36,28 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     from parity.subjects import SUBJECTS
     from parity.subjects.base import RankContext
 
-    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels.
+    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels. On CUDA
+    # some kernels have no deterministic variant: warn rather than refuse.
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
+    device_name, comm, mode = "cpu", "gloo", "cpu ranks over gloo"
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus >= world_size:
+            local, comm, mode = rank, "nccl", f"one rank per GPU over nccl ({gpus} GPUs)"
+        else:
+            # NCCL refuses two ranks on one GPU; gloo moves CUDA tensors fine (liger-and-gpu.md).
+            local, mode = 0, f"{world_size} ranks sharing cuda:0 over gloo ({gpus} GPU(s))"
+        torch.cuda.set_device(local)
+        os.environ["LOCAL_RANK"] = str(local)
+        device_name = f"cuda:{local}"
     # The parent holds the store on a port it bound itself, so concurrent pools never collide.
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+    # No device_id: with it, DeepSpeed's group splitting fails on a shared GPU (liger-and-gpu.md).
+    dist.init_process_group(comm, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
-    ctx = RankContext(rank=rank, world_size=world_size, device=device)
-    result_queue.put(("ready", rank, 0, None))
+    ctx = RankContext(rank=rank, world_size=world_size, device=device_name, mode=mode)
+    result_queue.put(("ready", rank, 0, mode))
 
     while True:
         task = task_queue.get()

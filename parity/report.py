@@ -53,6 +53,9 @@ def summary_table(verdicts, wall_s: float) -> str:
     if failed:
         lines.append("failed (reproduce each with the command shown):")
         lines.extend(f"  {v.case.id}: {v.first_failure}\n    {v.repro()}" for v in failed)
+    modes = Counter(v.mode for v in verdicts if v.mode)
+    if modes:
+        lines.append("ranks ran as: " + "; ".join(f"{mode} ({n} cases)" for mode, n in sorted(modes.items())))
     ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None]
     if ratios:
         lines.append(f"closest numerical check: {max(ratios):.3f} of its bound")

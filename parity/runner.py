@@ -53,10 +53,17 @@ class Runner:
             if self.strict:
                 return Verdict(case, FAILED, reason=f"strict mode: would skip: {reason}")
             return Verdict(case, SKIPPED, reason=reason)
+        pool = self.pool(case.world_size, values.get("device", "cpu"))
         try:
-            outcome = self.pool(case.world_size, values.get("device", "cpu")).run(case.subject, values, self.timeout_s)
+            outcome = pool.run(case.subject, values, self.timeout_s)
         except PoolStartError as exc:
             return Verdict(case, FAILED, reason=str(exc))
+        verdict = self._judge(case, subject, values, outcome)
+        verdict.mode = pool.mode
+        verdict.observed = observed_facts(outcome)
+        return verdict
+
+    def _judge(self, case, subject, values, outcome) -> Verdict:
         if case.expect.is_error:
             return self._rejection_verdict(case, outcome)
         if outcome.errors:
@@ -84,3 +91,17 @@ class Runner:
         if problems:
             return Verdict(case, FAILED, reason="; ".join(problems), rank_errors=outcome.errors)
         return Verdict(case, PASSED, reason=f"every rank raised {want.error} matching {want.match!r}")
+
+
+def observed_facts(outcome) -> dict:
+    """What ran, per rank, in a form the summary can show: CE backend calls counted by backend."""
+    facts = {}
+    for rank, obs in sorted(outcome.observations.items()):
+        calls = obs.facts.get("loss_backend")
+        if calls:
+            counts: dict = {}
+            for backends in calls.values():
+                for b in backends:
+                    counts[b] = counts.get(b, 0) + 1
+            facts.setdefault("loss_backend_calls", {})[f"rank{rank}"] = counts
+    return facts

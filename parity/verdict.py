@@ -16,6 +16,8 @@ class Verdict:
     checks: list = field(default_factory=list)
     reason: str = ""  # why skipped, or a one-line failure summary
     rank_errors: dict = field(default_factory=dict)  # rank -> parity.rank_pool.RankError
+    mode: str = ""  # how the ranks ran, e.g. "2 ranks sharing cuda:0 over gloo"
+    observed: dict = field(default_factory=dict)  # facts worth reading in the summary, e.g. backends that ran
 
     @property
     def failed_checks(self) -> list:
@@ -36,7 +38,7 @@ class Verdict:
         from parity.cases import default_files
 
         source = self.case.source.rsplit(":", 1)[0]
-        in_default = any(str(f) == source for f in default_files())
+        in_default = any(str(f).endswith("/" + source) or str(f) == source for f in default_files())
         matrix = "" if in_default else f" --matrix {source}"
         return f"parity run{matrix} --case {self.case.id}"
 
@@ -55,7 +57,7 @@ class Verdict:
 
     def as_dict(self) -> dict:
         return {**self.case.as_dict(), "verdict": self.status, "seconds": round(self.seconds, 3),
-                "checks": len(self.checks), "failed_checks": len(self.failed_checks),
+                "mode": self.mode or None, "observed": self.observed or None, "checks": len(self.checks), "failed_checks": len(self.failed_checks),
                 "worst_ratio": self.worst_ratio,
                 "first_failure": self.first_failure if self.status == FAILED else None,
                 "reason": self.reason or None, "repro": self.repro(),

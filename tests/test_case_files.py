@@ -29,7 +29,7 @@ def test_expansion_order_and_ids_are_stable(tmp_path):
     first, second = load_file(path), load_file(path)
     assert [c.id for c in first] == [c.id for c in second]
     assert len(first) == 6  # 2*2*2 minus the 2 excluded
-    assert first[0].id == "vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2"
+    assert first[0].id == "vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
     assert [c["dtype"] for c in first] == ["fp32"] * 4 + ["bf16"] * 2
     assert not any(c["dtype"] == "bf16" and c["vocab"] == 35 for c in first)
 

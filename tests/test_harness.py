@@ -14,7 +14,7 @@ from parity.verdict import FAILED, PASSED
 
 FAULTY = Path(__file__).resolve().parent / "cases" / "faulty.toml"
 ROOT = FAULTY.parent.parent.parent
-GOOD_ID = "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2"
+GOOD_ID = "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
 
 
 @pytest.fixture(scope="module")

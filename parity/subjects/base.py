@@ -28,7 +28,8 @@ class RankContext:
     """Where a rank process stands; built once per process by the worker."""
     rank: int
     world_size: int
-    device: str
+    device: str  # torch device of this rank: "cpu" or "cuda:N"
+    mode: str = ""  # how ranks communicate, e.g. "2 ranks sharing cuda:0 over gloo"
     state: dict = field(default_factory=dict)  # per-process caches owned by subjects
 
     def tp_dp(self, tp: int) -> tuple[int, int]:
@@ -55,6 +56,11 @@ class Subject(ABC):
 
     def unavailable_reason(self, values: dict) -> str | None:
         """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""
+        if values.get("device") == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "needs a CUDA device; none is visible"
         return None
 
     def model_spec(self, values: dict) -> ModelSpec:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from importlib.util import find_spec
 
 import torch
 
 from parity.observations import RankObservations
+from parity.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.tolerances import DTYPES
 from references.data import count_items
@@ -18,7 +20,7 @@ from references.tiny_lm import build_model, capture_head_input_grad
 
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
-    "ignore": None, "zero": (0, 1, 2), "gas": None, "tp": None,
+    "ignore": None, "zero": (0, 1, 2), "gas": None, "tp": None, "device": None,
 }
 
 
@@ -33,7 +35,9 @@ def setup_deepspeed(ctx: RankContext) -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else "nccl")
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend=dist.get_backend())  # joins the worker's process group
     ctx.state["deepspeed"] = {"tp_groups": {}}
 
 
@@ -229,7 +233,7 @@ class VocabParallelHead(EngineHead):
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    axes = {"backend": ("torch",), **{k: v for k, v in COMMON_AXES.items()}, "reduction": ("mean", "num_items")}
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items")}
 
     def tensor_parallel_config(self, values):
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
@@ -241,4 +245,20 @@ class VocabParallelHead(EngineHead):
         return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
                                     "loss_function": "VocabParallelCausalLMLoss"},
                       param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      logits="vocab_sharded", loss_backend=values["backend"])
+                      logits="vocab_sharded", loss_backend=expected_ce_backend(values))
+
+    def unavailable_reason(self, values):
+        reason = super().unavailable_reason(values)
+        if reason is None and expected_ce_backend(values) == "liger" and find_spec("liger_kernel") is None:
+            reason = "liger-kernel is not installed (pip install -e '.[liger]')"
+        return reason
+
+
+def expected_ce_backend(values: dict) -> str:
+    """Which CE must run, by DeepSpeed's documented gate (cross_entropy.py, _liger_can_run), computed
+    from the suite's own partition: Liger only on a Triton-capable accelerator with equal shards;
+    anything else falls back to torch on every rank alike."""
+    if values["backend"] != "liger" or values.get("device") != "cuda":
+        return "torch"
+    sizes = shard_sizes(values["vocab"], values["tp"])
+    return "liger" if len(set(sizes)) == 1 else "torch"
