@@ -11,11 +11,8 @@ import numpy as np
 import torch
 
 from parity.partition import shard_sizes, shard_slice
-from parity.tolerances import DTYPES, parity_bound, sgd_identity_bound
+from parity.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
-
-PER_MICRO = ("logits", "loss", "head_input_grad")
-
 
 @dataclass
 class Check:
@@ -65,7 +62,7 @@ class Comparison:
         self.obs = observations  # rank -> RankObservations
         self.reference, self.oracle = reference, oracle
         self.claims = subject.claims(values)
-        self.spec, self.train = subject.model_spec(values), subject.training_spec(values)
+        self.train = subject.training_spec(values)
         self.dtype = values["dtype"]
         self.tp = values.get("tp", 1)
         self.checks: list[Check] = []
@@ -144,34 +141,41 @@ class Comparison:
                 self.exact(f"initial_weight[{name}]", o.get("weight", -1, None, name), want, rank=rank)
 
     def check_micro(self, step: int, micro: int) -> None:
-        V = self.spec.vocab
-        sizes = shard_sizes(V, self.tp)
         for rank, o in sorted(self.obs.items()):
             dp = o.dp_rank
-            for kind in PER_MICRO:
+            for kind, dim in self.claims.micro_records.items():
                 ref = self.reference.get(kind, step, micro, dp, None).numpy()
                 orc = self.oracle.get(kind, step, micro, dp, None).numpy()
                 got = o.get(kind, step, micro, None)
-                if kind == "logits" and self.claims.logits == "vocab_sharded":
-                    want_width = sizes[o.tp_rank]
-                    width = None if got is None else got.shape[-1]
-                    self.add("logits_shard_width", width == want_width, step=step, micro=micro, rank=rank,
-                             detail=f"local vocab width {width}, partition formula says {want_width}")
-                    sl = shard_slice(V, self.tp, o.tp_rank)
-                    ref, orc = ref[..., sl], orc[..., sl]
-                self.close(kind, got, ref, orc, step=step, micro=micro, rank=rank)
-            if self.claims.logits == "vocab_sharded" and o.tp_rank == 0:
-                self.check_assembled_logits(step, micro, o.dp_rank)
+                if dim is not None:
+                    total = orc.shape[dim]
+                    want_width = shard_sizes(total, self.tp)[o.tp_rank]
+                    width = None if got is None else got.shape[dim]
+                    self.add(f"shard_width[{kind}]", width == want_width, step=step, micro=micro, rank=rank,
+                             detail=f"local width {width}, partition formula says {want_width} of {total}")
+                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank)
+                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank)
+                if kind in self.claims.exact_records:
+                    self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
+                else:
+                    self.close(kind, got, ref, orc, step=step, micro=micro, rank=rank)
+                if dim is not None and o.tp_rank == 0:
+                    self.check_assembled(kind, dim, step, micro, dp)
 
-    def check_assembled_logits(self, step, micro, dp) -> None:
-        group = sorted((o.tp_rank, o) for o in self.obs.values() if o.dp_rank == dp)
-        blocks = [o.get("logits", step, micro, None) for _, o in group]
+    def check_assembled(self, kind, dim, step, micro, dp) -> None:
+        """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""
+        group = sorted((o.tp_rank, o.get(kind, step, micro, None)) for o in self.obs.values() if o.dp_rank == dp)
+        blocks = [b for _, b in group]
         if any(b is None for b in blocks) or len(blocks) != self.tp:
-            self.add("logits_assembled", False, step=step, micro=micro, detail="missing rank blocks")
+            self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail="missing rank blocks")
             return
-        assembled = np.concatenate(blocks, axis=-1)
-        self.close("logits_assembled", assembled, self.reference.get("logits", step, micro, dp, None).numpy(),
-                   self.oracle.get("logits", step, micro, dp, None).numpy(), step=step, micro=micro)
+        try:
+            assembled = np.concatenate(blocks, axis=dim)
+        except ValueError as exc:
+            self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail=str(exc))
+            return
+        self.close(f"assembled[{kind}]", assembled, self.reference.get(kind, step, micro, dp, None).numpy(),
+                   self.oracle.get(kind, step, micro, dp, None).numpy(), step=step, micro=micro)
 
     def check_step(self, step: int) -> None:
         lr = self.train.lr
@@ -217,8 +221,8 @@ class Comparison:
         first = self.obs[ranks[0]]
         for key, value in first.tensors.items():
             kind, step, micro, name = key
-            if kind in PER_MICRO:
-                if kind == "logits" and self.claims.logits == "vocab_sharded":
+            if kind in self.claims.micro_records:
+                if self.claims.micro_records[kind] is not None:
                     continue
                 peers = [r for r in ranks[1:] if self.obs[r].dp_rank == first.dp_rank]
             elif self.claims.param_shards.get(name) is None:
@@ -240,8 +244,5 @@ def compare(subject, values, observations, reference, oracle) -> list[Check]:
 
 
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
-    from references.trajectory import train_reference
-
-    spec, train = subject.model_spec(values), subject.training_spec(values)
-    dtype = DTYPES[values["dtype"]]
-    return train_reference(spec, train, dtype), train_reference(spec, train, dtype, torch.float64)
+    """The reference at the case dtype and the float64 oracle."""
+    return subject.reference(values), subject.reference(values, torch.float64)

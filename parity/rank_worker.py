@@ -27,6 +27,8 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Triton kernels (Liger) run in Triton's interpreter on CPU; read when kernels are defined.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     else:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
 

@@ -10,8 +10,9 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
+from parity.subjects.liger_ce import LigerVocabParallelCE
 
-SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead()]}
+SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), LigerVocabParallelCE()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

@@ -18,9 +18,11 @@ from references.trajectory import TrainingSpec
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
     param_shards: dict  # parameter name -> dim it is sharded along, None when replicated
-    logits: str  # "replicated" (full logits on every rank) or "vocab_sharded"
+    # per-micro-batch records -> the dim a rank holds a shard of (None: every rank holds all of it).
+    # Sharded records are also assembled by the harness and checked whole.
+    micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})
+    exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
-    notes: tuple = field(default_factory=tuple)
 
 
 @dataclass
@@ -67,6 +69,14 @@ class Subject(ABC):
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
                          head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
                          reduction=values.get("reduction", "mean"))
+
+    def reference(self, values: dict, compute_dtype=None):
+        """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""
+        from parity.tolerances import DTYPES
+        from references.trajectory import train_reference
+
+        return train_reference(self.model_spec(values), self.training_spec(values), DTYPES[values["dtype"]],
+                               compute_dtype)
 
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),

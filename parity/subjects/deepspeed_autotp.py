@@ -223,8 +223,7 @@ class ColumnGatheredHead(EngineHead):
     def claims(self, values):
         head = values["head"]
         return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      logits="replicated", loss_backend=None)
+                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0})
 
 
 class VocabParallelHead(EngineHead):
@@ -245,7 +244,8 @@ class VocabParallelHead(EngineHead):
         return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
                                     "loss_function": "VocabParallelCausalLMLoss"},
                       param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      logits="vocab_sharded", loss_backend=expected_ce_backend(values))
+                      micro_records={"logits": -1, "loss": None, "head_input_grad": None},
+                      loss_backend=expected_ce_backend(values))
 
     def unavailable_reason(self, values):
         reason = super().unavailable_reason(values)
