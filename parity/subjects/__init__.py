@@ -10,8 +10,9 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
+from parity.subjects.deepspeed_row import RowParallelHead
 
-SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead()]}
+SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
