@@ -45,3 +45,26 @@ def test_row_case_file_covers_uneven_hidden_at_tp2_and_tp3():
     assert {(2, 32), (2, 35), (3, 32), (3, 35)} <= seen
     assert {c.values["reduction"] for c in cases} == {"none", "sum", "mean", "num_items"}
     assert {c.world_size for c in cases} == {2, 3}
+
+
+def test_flat_head_input_reaches_the_head_flattened_and_changes_nothing_else():
+    import torch
+
+    from references.tiny_lm import ModelSpec, build_model, capture_head_input_grad
+
+    ids = torch.randint(0, 35, (2, 5), generator=torch.Generator().manual_seed(0))
+    labels = ids.roll(-1, dims=1)
+    out = {}
+    for layout in ("sequence", "flat"):
+        model = build_model(ModelSpec(35, 32, reduction="sum", head_input=layout), seed=3, dtype=torch.float64)
+        seen, sink = [], {}
+        model.head.register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
+        capture_head_input_grad(model, sink)
+        loss, logits = model(ids, labels=labels)
+        loss.backward()
+        out[layout] = (loss.detach(), logits.detach(), sink["h"])
+        assert seen == [(2, 5, 32)] if layout == "sequence" else seen == [(10, 32)]
+        assert logits.shape == (2, 5, 35)
+    torch.testing.assert_close(out["flat"][0], out["sequence"][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(out["flat"][1], out["sequence"][1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(out["flat"][2].reshape(2, 5, 32), out["sequence"][2], rtol=0, atol=1e-12)

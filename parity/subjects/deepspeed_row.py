@@ -10,6 +10,8 @@ reduction applies. The engine loop is EngineHead's.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead
 
@@ -19,7 +21,11 @@ class RowParallelHead(EngineHead):
     description = ("#8538: lm_head as row-parallel LinearAllreduceWithReplicatedInput, selected by a "
                    "partition_config row spec in training; weight sharded along hidden, bias replicated, "
                    "full logits after the all-reduce, the suite's CE on top.")
-    axes = COMMON_AXES
+    # head_input: the head also takes a flattened [B*T, H] hidden state (the scatter narrows dim -1).
+    axes = {**COMMON_AXES, "head_input": None}
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))
 
     def tensor_parallel_config(self, values):
         head = values["head"]
