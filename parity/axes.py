@@ -49,4 +49,6 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("tp", None, 2, lambda v: f"tp{v}"),
     Axis("dp", None, 1, lambda v: f"dp{v}"),
     Axis("device", ("cpu", "cuda"), "cpu", str),
+    Axis("head_input", ("sequence", "flat"), "sequence", lambda v: {"sequence": "in_bth", "flat": "in_nh"}[v],
+         help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]"),
 ]}

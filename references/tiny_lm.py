@@ -24,6 +24,7 @@ class ModelSpec:
     tied: bool = False
     reduction: str = "mean"
     ignore_index: int = -100
+    head_input: str = "sequence"  # "flat": the head sees [B*T, H] and its logits are reshaped to [B, T, V]
 
 
 class TinyCausalLM(nn.Module):
@@ -46,7 +47,11 @@ class TinyCausalLM(nn.Module):
         return torch.tanh(self.proj(self.embed_tokens(input_ids)))
 
     def forward(self, input_ids, labels=None, num_items_in_batch=None):
-        logits = self.head(self.hidden_states(input_ids))
+        h = self.hidden_states(input_ids)
+        if self.spec.head_input == "flat":
+            logits = self.head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
+        else:
+            logits = self.head(h)
         if labels is None:
             return None, logits
         if self.spec.reduction != "num_items":

@@ -10,9 +10,11 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
+from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
-SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), LigerVocabParallelCE()]}
+SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
+                                LigerVocabParallelCE()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

@@ -1,0 +1,41 @@
+"""DeepSpeed 0.19.8 row-parallel (hidden-dimension) output head in training (#8538).
+
+A ``partition_type: "row"`` spec on a head named lm_head/embed_out, in training mode, makes
+AutoTP build ``LinearAllreduceWithReplicatedInput`` (module_inject/auto_tp.py,
+``_create_row_parallel_layer``): the replicated hidden state is narrowed to this rank's hidden
+slice (``ScatterToTensorParallelRegion``, whose backward all-reduces the input gradient), multiplied
+by the weight's column shard [V, H/tp], all-reduced (``RowParallel``), and the replicated bias is
+added after the reduce. Logits are full on every rank; the loss is the suite's own CE, so every
+reduction applies. The engine loop is EngineHead's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from parity.subjects.base import Claims
+from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead
+
+
+class RowParallelHead(EngineHead):
+    name = "row_parallel"
+    description = ("#8538: lm_head as row-parallel LinearAllreduceWithReplicatedInput, selected by a "
+                   "partition_config row spec in training; weight sharded along hidden, bias replicated, "
+                   "full logits after the all-reduce, the suite's CE on top.")
+    # head_input: the head also takes a flattened [B*T, H] hidden state (the scatter narrows dim -1).
+    axes = {**COMMON_AXES, "head_input": None}
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))
+
+    def tensor_parallel_config(self, values):
+        head = values["head"]
+        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
+            {"patterns": [rf"{head}\.weight$"], "partition_type": "row"},
+        ]}}
+
+    def claims(self, values):
+        head = values["head"]
+        return Claims(module_types={head: "LinearAllreduceWithReplicatedInput", "proj": "Linear",
+                                    "embed_tokens": "Embedding"},
+                      param_shards={f"{head}.weight": 1, f"{head}.bias": None})
