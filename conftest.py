@@ -6,10 +6,12 @@ store is bound by its own parent process on a port the OS chose.
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from parity.cases import load
-from parity.verdict import FAILED, SKIPPED
+from parity.verdict import DIVERGED, FAILED, SKIPPED, XPASSED
 
 
 def pytest_collect_file(parent, file_path):
@@ -49,6 +51,10 @@ class CaseItem(pytest.Item):
             pytest.skip(verdict.reason)
         if verdict.status == FAILED:
             raise CaseFailure(verdict.explain())
+        if verdict.status == DIVERGED:
+            pytest.xfail(verdict.reason)
+        if verdict.status == XPASSED:
+            warnings.warn(f"{self.case.id}: {verdict.reason}", stacklevel=1)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, CaseFailure):

@@ -14,6 +14,10 @@ A file holds one or more ``[[matrix]]`` tables:
     [matrix.expect]                     # default: parity; or a rejection:
     error = "ValueError"
     match = "message fragment"
+    [matrix.known_divergence]           # the subject is known to differ from the reference here:
+    reason = "why, in a sentence"
+    repro = "ci/repro/name.py"          # a standalone script a maintainer can run (must exist)
+    checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
 
 Axes not listed take their default. Cases come out in the cartesian order of the subject's axes
 and the file's value order, so the same file gives the same ids in the same order every time.
@@ -28,8 +32,9 @@ from pathlib import Path
 from parity.axes import AXES
 from parity.subjects import SUBJECTS
 
-MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect")
+MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence")
 EXPECT_KEYS = ("error", "match")
+DIVERGENCE_KEYS = ("reason", "repro", "checks")
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 
 
@@ -55,6 +60,16 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class KnownDivergence:
+    reason: str
+    repro: str
+    checks: tuple = ()  # empty: any numerical check may fail
+
+    def covers(self, check_name: str) -> bool:
+        return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
+
+
+@dataclass(frozen=True)
 class Case:
     id: str
     subject: str
@@ -62,6 +77,7 @@ class Case:
     expect: Expectation = field(default_factory=Expectation)
     source: str = ""
     markers: tuple = ()
+    divergence: KnownDivergence | None = None
 
     @property
     def values(self) -> dict:
@@ -77,7 +93,10 @@ class Case:
     def as_dict(self) -> dict:
         return {"id": self.id, "subject": self.subject, "axes": self.values, "source": self.source,
                 "expect": {"error": self.expect.error, "match": self.expect.match} if self.expect.is_error
-                else "parity", "markers": list(self.markers)}
+                else "parity", "markers": list(self.markers),
+                "known_divergence": None if self.divergence is None else {
+                    "reason": self.divergence.reason, "repro": self.divergence.repro,
+                    "checks": list(self.divergence.checks)}}
 
 
 def case_id(subject: str, values: dict) -> str:
@@ -161,6 +180,10 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         raise CaseFileError(path, f"{where}.expect.match", "given without expect.error")
     expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
 
+    divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
+    if divergence and expect.is_error:
+        raise CaseFileError(path, f"{where}.known_divergence", "cannot be combined with expect.error")
+
     markers = table.get("markers", [])
     if not isinstance(markers, list) or not all(isinstance(m, str) and m.isidentifier() for m in markers):
         raise CaseFileError(path, f"{where}.markers", "must be a list of identifiers", "e.g. [\"slow\"]")
@@ -173,7 +196,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         if onlys is not None and not any(_matches(r, values) for r in onlys):
             continue
         cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
-                          expect=expect, source=f"{path}:{where}",
+                          expect=expect, source=f"{path}:{where}", divergence=divergence,
                           markers=tuple(subject.markers(values)) + tuple(markers)))
     if not cases:
         raise CaseFileError(path, where, "expands to no cases (check axes, exclude and only)")
@@ -186,6 +209,25 @@ def _display(path: Path) -> str:
         return str(path.resolve().relative_to(CASES_DIR.parent))
     except ValueError:
         return str(path)
+
+
+def _divergence(path, where, table) -> KnownDivergence | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise CaseFileError(path, where, "must be a table", ", ".join(DIVERGENCE_KEYS))
+    for key in table:
+        if key not in DIVERGENCE_KEYS:
+            raise CaseFileError(path, f"{where}.{key}", "unknown key", ", ".join(DIVERGENCE_KEYS))
+    for key in ("reason", "repro"):
+        if not isinstance(table.get(key), str) or not table[key].strip():
+            raise CaseFileError(path, f"{where}.{key}", "required, a non-empty string")
+    if not (CASES_DIR.parent / table["repro"]).is_file():
+        raise CaseFileError(path, f"{where}.repro", f"no such file {table['repro']!r} (relative to the repo root)")
+    checks = table.get("checks", [])
+    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+        raise CaseFileError(path, f"{where}.checks", "must be a list of check names")
+    return KnownDivergence(table["reason"].strip(), table["repro"], tuple(checks))
 
 
 def load_file(path) -> list[Case]:

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from parity.verdict import FAILED, PASSED, SKIPPED
+from parity.verdict import DIVERGED, FAILED, PASSED, SKIPPED, STATUSES, XPASSED
 
 
 class Progress:
@@ -27,8 +27,8 @@ class Progress:
               f"{verdict.case.id}  (eta {eta:4.0f}s)", file=self.stream, flush=True)
         if verdict.status == FAILED:
             print(verdict.explain(), file=self.stream, flush=True)
-        elif verdict.status == SKIPPED:
-            print(f"    skipped: {verdict.reason}", file=self.stream, flush=True)
+        elif verdict.status in (SKIPPED, DIVERGED, XPASSED):
+            print(f"    {verdict.status}: {verdict.reason}", file=self.stream, flush=True)
 
 
 def summary_table(verdicts, wall_s: float) -> str:
@@ -36,11 +36,11 @@ def summary_table(verdicts, wall_s: float) -> str:
     by_subject: dict = {}
     for v in verdicts:
         by_subject.setdefault(v.case.subject, Counter())[v.status] += 1
-    rows = [("subject", "cases", "passed", "failed", "skipped")]
+    rows = [("subject", "cases") + STATUSES]
     for subject, c in sorted(by_subject.items()):
-        rows.append((subject, sum(c.values()), c[PASSED], c[FAILED], c[SKIPPED]))
-    rows.append(("total", len(verdicts), counts[PASSED], counts[FAILED], counts[SKIPPED]))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+        rows.append((subject, sum(c.values())) + tuple(c[s] for s in STATUSES))
+    rows.append(("total", len(verdicts)) + tuple(counts[s] for s in STATUSES))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in
                        enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -49,6 +49,14 @@ def summary_table(verdicts, wall_s: float) -> str:
     if skipped:
         lines.append("skipped, by reason:")
         lines.extend(f"  {n:4d}  {reason}" for reason, n in skipped.most_common())
+    diverged = Counter((v.case.divergence.reason, v.case.divergence.repro) for v in verdicts if v.status == DIVERGED)
+    if diverged:
+        lines.append("known divergences (DeepSpeed/Liger differ from the reference as documented):")
+        lines.extend(f"  {n:4d}  {reason}\n        repro: {repro}" for (reason, repro), n in diverged.most_common())
+    xpassed = [v for v in verdicts if v.status == XPASSED]
+    if xpassed:
+        lines.append("known divergences that now MATCH the reference (remove their marks):")
+        lines.extend(f"  {v.case.id}" for v in xpassed)
     failed = [v for v in verdicts if v.status == FAILED]
     if failed:
         lines.append("failed (reproduce each with the command shown):")
@@ -59,7 +67,8 @@ def summary_table(verdicts, wall_s: float) -> str:
     ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None]
     if ratios:
         lines.append(f"closest numerical check: {max(ratios):.3f} of its bound")
-    lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped "
+    extra = "".join(f", {counts[s]} {s}" for s in (DIVERGED, XPASSED) if counts[s])
+    lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{extra} "
                  f"in {wall_s:.1f} s")
     return "\n".join(lines)
 
@@ -83,8 +92,7 @@ def write_summary(directory, verdicts, wall_s: float, argv=None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     counts = Counter(v.status for v in verdicts)
     data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
-            "counts": {"total": len(verdicts), PASSED: counts[PASSED], FAILED: counts[FAILED],
-                       SKIPPED: counts[SKIPPED]},
+            "counts": {"total": len(verdicts), **{status: counts[status] for status in STATUSES}},
             "cases": [v.as_dict() for v in verdicts]}
     path = directory / "summary.json"
     path.write_text(json.dumps(data, indent=1, default=str))

@@ -9,7 +9,7 @@ from parity.cases import Case
 from parity.compare import compare, reference_pair
 from parity.rank_pool import PoolStartError, RankPool
 from parity.subjects import SUBJECTS
-from parity.verdict import FAILED, PASSED, SKIPPED, Verdict
+from parity.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict
 
 DEFAULT_CASE_TIMEOUT_S = 120.0
 
@@ -75,8 +75,24 @@ class Runner:
         checks = compare(subject, values, outcome.observations, reference, oracle)
         if not any(c.measured is not None for c in checks):
             return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
+        if case.divergence is not None:
+            return self._divergence_verdict(case, checks)
         status = PASSED if all(c.passed for c in checks) else FAILED
         return Verdict(case, status, checks=checks)
+
+    def _divergence_verdict(self, case: Case, checks) -> Verdict:
+        known = case.divergence
+        failed = [c for c in checks if not c.passed]
+        if not failed:
+            reason = f"known divergence no longer reproduces ({known.repro}): remove the mark"
+            return Verdict(case, FAILED if self.strict else XPASSED, checks=checks, reason=reason)
+        unexplained = [c for c in failed if not known.covers(c.name)]
+        if unexplained:
+            return Verdict(case, FAILED, checks=checks,
+                           reason=f"fails beyond its known divergence: {unexplained[0].describe()}")
+        return Verdict(case, DIVERGED, checks=checks,
+                       reason=f"known divergence: {known.reason} (repro: {known.repro}); "
+                              f"{len(failed)} checks differ, first: {failed[0].describe()}")
 
     def _rejection_verdict(self, case: Case, outcome) -> Verdict:
         want = case.expect

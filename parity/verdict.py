@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from parity.cases import Case
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+# A known divergence that showed up as declared, and one that unexpectedly matched the reference.
+DIVERGED, XPASSED = "diverged", "xpassed"
+STATUSES = (PASSED, FAILED, SKIPPED, DIVERGED, XPASSED)
 
 
 @dataclass

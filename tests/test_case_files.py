@@ -71,6 +71,12 @@ def test_markers_and_world_size(tmp_path):
     ('[matrix\n', "(syntax)", "", None),
     ('title = "x"\n', "title", "unknown top-level key", "matrix"),
     ('', "matrix", "no [[matrix]] tables", None),
+    ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "x"\nrepro = "ci/repro/none.py"\n',
+     "matrix[0].known_divergence.repro", "no such file", None),
+    ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nrepro = "README.md"\n',
+     "matrix[0].known_divergence.reason", "required", None),
+    ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "x"\nrepro = "README.md"\nwhy = 1\n',
+     "matrix[0].known_divergence.why", "unknown key", "reason, repro, checks"),
 ])
 def test_bad_input_names_file_key_and_allowed_values(tmp_path, text, key, fragment, allowed):
     path = write(tmp_path, text)

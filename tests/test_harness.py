@@ -10,7 +10,7 @@ import pytest
 
 from parity.cases import load_file
 from parity.runner import Runner
-from parity.verdict import FAILED, PASSED
+from parity.verdict import DIVERGED, FAILED, PASSED, XPASSED
 
 FAULTY = Path(__file__).resolve().parent / "cases" / "faulty.toml"
 ROOT = FAULTY.parent.parent.parent
@@ -26,7 +26,8 @@ def runner():
 
 @pytest.fixture(scope="module")
 def cases():
-    return {c.subject + ("" if not c.expect.is_error else f"/{c.expect.match}"): c for c in load_file(FAULTY)}
+    return {c.subject + (f"/{c.expect.match}" if c.expect.is_error else "") +
+            (f"/v{c['vocab']}" if c.divergence else ""): c for c in load_file(FAULTY)}
 
 
 def good_case():
@@ -100,12 +101,12 @@ def test_expected_rejection_passes_and_wrong_message_fails(runner, cases):
 
 def test_cli_run_reports_and_exits_nonzero(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--matrix", str(FAULTY),
-                           "-k", "dropped_allreduce or always_rejects", "--report", str(tmp_path)],
+                           "-k", "(dropped_allreduce and v35) or always_rejects", "--report", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "parity run --matrix" in proc.stdout and "--case faulty_dropped_allreduce" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["counts"] == {"total": 3, "passed": 1, "failed": 2, "skipped": 0}
+    assert summary["counts"] == {"total": 3, "passed": 1, "failed": 2, "skipped": 0, "diverged": 0, "xpassed": 0}
     entry = next(c for c in summary["cases"] if c["subject"] == "faulty_dropped_allreduce")
     assert entry["verdict"] == "failed" and entry["first_failure"] and entry["axes"]["vocab"] == 35
     assert entry["seconds"] > 0
@@ -116,3 +117,11 @@ def test_cli_list_json_matches_the_loader():
                           cwd=ROOT, capture_output=True, text=True, check=True)
     listed = json.loads(proc.stdout)
     assert listed and all("v269" in c["id"] and c["subject"] == "vocab_parallel" for c in listed)
+
+
+def test_known_divergence_reproduced_beyond_and_fixed(runner, cases):
+    assert runner.run(cases["faulty_dropped_allreduce/v36"]).status == DIVERGED
+    beyond = runner.run(cases["faulty_dropped_allreduce/v37"])
+    assert beyond.status == FAILED and "beyond its known divergence" in beyond.reason
+    fixed = runner.run(cases["column_gathered/v33"])
+    assert fixed.status == XPASSED and "no longer reproduces" in fixed.reason
