@@ -75,20 +75,23 @@ def _cell_status(case_results: list[dict]) -> str:
     return SURVIVED
 
 
-def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None) -> list[dict]:
-    """Run groups of cases in one fresh Runner (fresh rank groups), with ``mutant`` planted where it
-    belongs; with stop_at_kill, a group stops at its first killing case."""
+def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_runner=None) -> list[dict]:
+    """Run groups of cases with ``mutant`` planted where it belongs; with stop_at_kill, a group
+    stops at its first killing case. A rank mutant gets a fresh Runner (fresh rank groups that
+    inherit PARITY_MUTANT); a parent (reference) mutant may reuse ``clean_runner``, whose ranks
+    are unmutated: the ranks are not what it changes."""
     from parity.runner import Runner
 
+    if mutant is not None and mutant.where == "rank":
+        clean_runner = None
     undo = None
-    saved = os.environ.get(catalog.ENV_VAR)
     os.environ.pop(catalog.ENV_VAR, None)
     if mutant is not None:
         if mutant.where == "rank":
             os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
         else:
             undo = mutant.apply()
-    runner = Runner(timeout_s=timeout_s)
+    runner = clean_runner or Runner(timeout_s=timeout_s)
     results = []
     try:
         for cases in groups:
@@ -97,12 +100,11 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None) -> list
                 if stop_at_kill and results[-1]["outcome"] == KILLED:
                     break
     finally:
-        runner.close()
+        if runner is not clean_runner:
+            runner.close()
         if undo is not None:
             undo()
         os.environ.pop(catalog.ENV_VAR, None)
-        if saved is not None:
-            os.environ[catalog.ENV_VAR] = saved
     return results
 
 
@@ -130,7 +132,7 @@ def kill_matrix_text(rows: list[dict]) -> str:
         for f in families:
             cell = r["cells"].get(f)
             cells += f"{'-' if cell is None else cell['status']:<18}"
-        lines.append(f"{r['mutant']:<{width}}{cells}{'equivalent' if r['equivalent'] else 'killed'}")
+        lines.append(f"{r['mutant']:<{width}}{cells}{'survive (equivalent)' if r['equivalent'] else 'killed'}")
     return "\n".join(lines)
 
 
@@ -153,6 +155,7 @@ def main(argv=None) -> int:
         return 0
 
     start = time.monotonic()
+    os.environ.pop(catalog.ENV_VAR, None)  # only run_cases sets it, around one mutant's Runner
     if args.fast:
         plan = [(catalog.get(n), (fam,)) for n, fam in FAST_MUTANTS.items()]
         per_family = FAST_CASES
@@ -166,7 +169,17 @@ def main(argv=None) -> int:
     cases = select_cases(families, per_family)
 
     print(f"baseline: {sum(len(c) for c in cases.values())} cases over {', '.join(families)}", flush=True)
-    baseline = run_cases([cases[f] for f in families], args.timeout, stop_at_kill=False)
+    from parity.runner import Runner
+
+    clean = Runner(timeout_s=args.timeout)  # PARITY_MUTANT is unset while its ranks spawn (run_cases)
+    try:
+        return _check(args, plan, families, cases, clean, start)
+    finally:
+        clean.close()
+
+
+def _check(args, plan, families, cases, clean, start) -> int:
+    baseline = run_cases([cases[f] for f in families], args.timeout, stop_at_kill=False, clean_runner=clean)
     not_green = [r for r in baseline if r["verdict"] != PASSED]
     for r in baseline:
         print(f"  {r['verdict']:<8} {r['seconds']:6.2f}s {r['case']}", flush=True)
@@ -190,7 +203,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         # One Runner per mutant: both families use world size 2, so they share one fresh rank group.
         results = run_cases([cases[f] for f in fams], args.timeout, stop_at_kill=not args.all_cases,
-                            mutant=mutant)
+                            mutant=mutant, clean_runner=clean)
         for f in fams:
             fam_results = [r for r in results if r["case"].startswith(f + "-")]
             row["cells"][f] = {"status": _cell_status(fam_results), "cases": fam_results}
