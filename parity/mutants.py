@@ -315,7 +315,8 @@ MUTANTS = [
     Mutant("gather_backward_rank0_slice",
            "GatherFromTensorParallelRegion.backward narrows the gathered gradient at offset 0 on every rank: "
            "rank 1 trains its shard with rank 0's logit gradient",
-           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.backward", "grad[lm_head.weight] (rank 1)",
+           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.backward",
+           "head_input_grad (all-reduced, so on every rank); grad[head.weight] on rank 1",
            (COLUMN,), _gather_backward_rank0_slice),
     Mutant("gather_forward_reversed",
            "GatherFromTensorParallelRegion.forward concatenates the shards in reverse rank order",

@@ -75,7 +75,8 @@ def _cell_status(case_results: list[dict]) -> str:
     return SURVIVED
 
 
-def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_runner=None) -> list[dict]:
+def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_runner=None,
+              log_dir: str | None = None) -> list[dict]:
     """Run groups of cases with ``mutant`` planted where it belongs; with stop_at_kill, a group
     stops at its first killing case. A rank mutant gets a fresh Runner (fresh rank groups that
     inherit PARITY_MUTANT); a parent (reference) mutant may reuse ``clean_runner``, whose ranks
@@ -91,7 +92,8 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_r
             os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
         else:
             undo = mutant.apply()
-    runner = clean_runner or Runner(timeout_s=timeout_s)
+    runner = clean_runner or Runner(timeout_s=timeout_s,
+                                    log_dir=os.path.join(log_dir, mutant.name) if log_dir and mutant else log_dir)
     results = []
     try:
         for cases in groups:
@@ -145,6 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--all-cases", action="store_true", help="do not stop a cell at its first kill")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a case may take on its ranks")
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
+    parser.add_argument("--logs", metavar="DIR", help="rank logs: DIR/baseline, DIR/<mutant> (default: a temp dir)")
     args = parser.parse_args(argv)
 
     if args.list:
@@ -171,7 +174,11 @@ def main(argv=None) -> int:
     print(f"baseline: {sum(len(c) for c in cases.values())} cases over {', '.join(families)}", flush=True)
     from parity.runner import Runner
 
-    clean = Runner(timeout_s=args.timeout)  # PARITY_MUTANT is unset while its ranks spawn (run_cases)
+    if not args.logs:
+        import tempfile
+
+        args.logs = tempfile.mkdtemp(prefix="parity-mutants-")
+    clean = Runner(timeout_s=args.timeout, log_dir=os.path.join(args.logs, "baseline"))  # PARITY_MUTANT is unset while its ranks spawn (run_cases)
     try:
         return _check(args, plan, families, cases, clean, start)
     finally:
@@ -203,7 +210,7 @@ def _check(args, plan, families, cases, clean, start) -> int:
         t0 = time.monotonic()
         # One Runner per mutant: both families use world size 2, so they share one fresh rank group.
         results = run_cases([cases[f] for f in fams], args.timeout, stop_at_kill=not args.all_cases,
-                            mutant=mutant, clean_runner=clean)
+                            mutant=mutant, clean_runner=clean, log_dir=args.logs)
         for f in fams:
             fam_results = [r for r in results if r["case"].startswith(f + "-")]
             row["cells"][f] = {"status": _cell_status(fam_results), "cases": fam_results}
@@ -240,6 +247,7 @@ def _check(args, plan, families, cases, clean, start) -> int:
               (" (a crash is not a kill)" if c["status"] == CRASHED else ""))
     for r, f, _ in false_alarms:
         print(f"FALSE ALARM: equivalent mutant {r['mutant']} was killed on {f}: the suite rejects a correct variant")
+    print(f"rank logs: {args.logs}")
     print(f"mutation check {'passed' if not bad and not false_alarms else 'FAILED'} in {wall:.1f} s")
     _write(args.json, report)
     return 1 if bad or false_alarms else 0
