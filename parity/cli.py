@@ -1,4 +1,4 @@
-"""parity list | run: the command-line face of the suite."""
+"""parity list | run | mutants: the command-line face of the suite."""
 from __future__ import annotations
 
 import argparse
@@ -67,8 +67,14 @@ def cmd_run(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["mutants"]:  # its own options: see parity/mutation_check.py
+        from parity.mutation_check import main as mutants_main
+
+        return mutants_main(argv[1:])
     parser = argparse.ArgumentParser(prog="parity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch (mutants --help)")
     for name in ("list", "run"):
         p = sub.add_parser(name)
         p.add_argument("--matrix", action="append", help="case file (repeatable; default: cases/*.toml)")

@@ -35,6 +35,7 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     import torch
     import torch.distributed as dist
 
+    from parity.mutants import apply_from_env
     from parity.subjects import SUBJECTS
     from parity.subjects.base import RankContext
 
@@ -59,6 +60,8 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     dist.init_process_group(comm, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
     ctx = RankContext(rank=rank, world_size=world_size, device=device_name, mode=mode)
+    # Mutation check only (ci/mutation_check.py): PARITY_MUTANT plants one bug in this process.
+    apply_from_env("rank")
     result_queue.put(("ready", rank, 0, mode))
 
     while True:
