@@ -51,4 +51,6 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("device", ("cpu", "cuda"), "cpu", str),
     Axis("head_input", ("sequence", "flat"), "sequence", lambda v: {"sequence": "in_bth", "flat": "in_nh"}[v],
          help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]"),
+    Axis("chunk", None, 0, lambda v: f"chunk{v}" if v else "chunk_auto", minimum=0,
+         help="tokens per chunk of a fused linear+CE (its chunk_size); 0 passes None (the function's default)"),
 ]}

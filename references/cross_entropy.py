@@ -1,7 +1,10 @@
-"""Reference for loss-only subjects: cross entropy of given logits, and its gradient.
+"""Reference for loss-only subjects: cross entropy of given logits (or of a linear head's output),
+and its gradients.
 
-The upstream gradient is a fixed positive weight per token (not all ones), so a subject that
-ignores grad_output, or applies it to the wrong token, is caught.
+The upstream gradient is a fixed positive weight per token (not all ones) for reduction "none",
+and a fixed scalar other than one for "sum"/"mean", so a subject that ignores grad_output, or
+applies it to the wrong token, is caught. "mean" divides by the number of non-ignored targets
+(at least one, so an all-ignored batch gives 0 rather than nan).
 """
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ import torch
 
 from references.loss import token_losses
 from references.trajectory import Trajectory
+
+CE_REDUCTIONS = ("none", "sum", "mean")
+SCALAR_UPSTREAM = 0.75  # d(objective)/d(loss) for a scalar loss; exact in every dtype
 
 
 def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
@@ -23,14 +29,75 @@ def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtyp
     return logits, targets, upstream
 
 
+def reduce_losses(losses: torch.Tensor, targets: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
+    """Per-token losses (0 at ignored targets) -> the loss a caller sees for ``reduction``."""
+    if reduction not in CE_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {CE_REDUCTIONS}, got {reduction!r}")
+    if reduction == "none":
+        return losses
+    total = losses.sum()
+    if reduction == "sum":
+        return total
+    return total / (targets != ignore_index).sum().clamp_min(1).to(total.dtype)
+
+
+def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The scalar that is backpropagated: per-token weights for "none", a fixed scalar otherwise."""
+    if reduction == "none":
+        return (loss * upstream.to(loss.dtype)).sum()
+    return loss * SCALAR_UPSTREAM
+
+
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
-                 compute_dtype: torch.dtype | None = None, ignore_index: int = -100) -> Trajectory:
+                 compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
+                 reduction: str = "none") -> Trajectory:
     logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
-    loss = token_losses(x, targets, ignore_index)
-    (loss * upstream.to(loss.dtype)).sum().backward()
+    loss = reduce_losses(token_losses(x, targets, ignore_index), targets, reduction, ignore_index)
+    upstream_objective(loss, upstream, reduction).backward()
     traj = Trajectory()
     traj.put("loss", 0, 0, 0, None, loss)
     traj.put("logits_grad", 0, 0, 0, None, x.grad)
     traj.put("logits_after", 0, 0, 0, None, logits)  # the input, as it was before the call
+    return traj
+
+
+def linear_ce_inputs(seed: int, tokens: int, vocab: int, hidden: int, bias: bool, ignore: str, dtype: torch.dtype,
+                     ignore_index: int = -100):
+    """hidden [N, H], the full head weight [V, H], its bias [V] (or None), targets [N], upstream [N].
+
+    Drawn in float32 and cast to ``dtype`` once, so the float64 oracle starts from the same values."""
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    w = (2.0 / hidden ** 0.5 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
+    b = (0.5 * torch.randn(vocab, generator=gen)).to(dtype)
+    targets = torch.randint(0, vocab, (tokens,), generator=gen)
+    targets[0] = vocab - 1
+    if ignore == "scattered":
+        targets = targets.masked_fill(torch.rand(tokens, generator=gen) < 0.25, ignore_index)
+        targets[1] = ignore_index
+    upstream = torch.rand(tokens, generator=gen) + 0.5
+    return h, w, (b if bias else None), targets, upstream
+
+
+def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: bool, ignore: str,
+                        case_dtype: torch.dtype, compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
+                        reduction: str = "mean") -> Trajectory:
+    """CE of ``hidden @ weight.T + bias``: the product at the compute dtype (rounded there, like an
+    unfused head), then the softmax in float32 (float64 for the oracle)."""
+    h, w, b, targets, upstream = linear_ce_inputs(seed, tokens, vocab, hidden, bias, ignore, case_dtype,
+                                                  ignore_index)
+    dtype = compute_dtype or case_dtype
+    x = h.to(dtype).requires_grad_(True)
+    weight = w.to(dtype).requires_grad_(True)
+    b_ = None if b is None else b.to(dtype).requires_grad_(True)
+    logits = x @ weight.t() if b_ is None else torch.addmm(b_, x, weight.t())
+    loss = reduce_losses(token_losses(logits, targets, ignore_index), targets, reduction, ignore_index)
+    upstream_objective(loss, upstream, reduction).backward()
+    traj = Trajectory()
+    traj.put("loss", 0, 0, 0, None, loss)
+    traj.put("hidden_grad", 0, 0, 0, None, x.grad)
+    traj.put("weight_grad", 0, 0, 0, None, weight.grad)
+    if b_ is not None:
+        traj.put("bias_grad", 0, 0, 0, None, b_.grad)
     return traj
