@@ -17,6 +17,8 @@ class Axis:
     label: Callable[[object], str]
     minimum: int = 1
     help: str = ""
+    # Left out of case ids at its default, so adding such an axis renames no existing case.
+    quiet_default: bool = False
 
     def allowed(self) -> str:
         return ", ".join(map(repr, self.values)) if self.values is not None else f"an integer >= {self.minimum}"
@@ -43,14 +45,18 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("tied", (False, True), False, _flag("tied", "untied"), help="head weight shared with the embedding"),
     Axis("bias", (True, False), True, _flag("bias", "nobias")),
     Axis("head", ("lm_head", "embed_out"), "lm_head", str, help="attribute name of the output head"),
-    Axis("ignore", ("none", "scattered"), "scattered", lambda v: f"ign_{v}", help="ignore_index pattern in labels"),
+    Axis("ignore", ("none", "scattered", "micro", "step"), "scattered", lambda v: f"ign_{v}",
+         help="ignore_index pattern: none, scattered, + a whole micro-batch ignored, + a whole step ignored"),
     Axis("zero", (0, 1, 2, 3), 0, lambda v: f"zero{v}", minimum=0),
     Axis("gas", None, 2, lambda v: f"gas{v}", help="micro-batches accumulated per optimizer step"),
     Axis("tp", None, 2, lambda v: f"tp{v}"),
-    Axis("dp", None, 1, lambda v: f"dp{v}"),
+    Axis("grain", None, 1, lambda v: f"grain{v}", help="tensor_parallel.tp.tp_grain_size", quiet_default=True),
+    Axis("clip", (0.0, 0.05, 1.0), 0.0, lambda v: "noclip" if v == 0 else f"clip{v:g}",
+         help="gradient_clipping (max global grad norm); 0 = off", quiet_default=True),
+    Axis("dp", None, 1, lambda v: f"dp{v}", quiet_default=True),
     Axis("device", ("cpu", "cuda"), "cpu", str),
     Axis("head_input", ("sequence", "flat"), "sequence", lambda v: {"sequence": "in_bth", "flat": "in_nh"}[v],
-         help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]"),
+         help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]", quiet_default=True),
     Axis("chunk", None, 0, lambda v: f"chunk{v}" if v else "chunk_auto", minimum=0,
-         help="tokens per chunk of a fused linear+CE (its chunk_size); 0 passes None (the function's default)"),
+         help="tokens per chunk of a fused linear+CE (its chunk_size); 0 passes None (the function's default)", quiet_default=True),
 ]}

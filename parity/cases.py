@@ -100,7 +100,8 @@ class Case:
 
 
 def case_id(subject: str, values: dict) -> str:
-    return "-".join([subject] + [AXES[a].label(values[a]) for a in SUBJECTS[subject].axes])
+    shown = [a for a in SUBJECTS[subject].axes if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
+    return "-".join([subject] + [AXES[a].label(values[a]) for a in shown])
 
 
 def _as_list(value):

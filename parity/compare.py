@@ -48,11 +48,11 @@ class Check:
                 "measured": self.measured, "bound": self.bound, "margin": self.margin, "detail": self.detail}
 
 
-def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int) -> np.ndarray:
+def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int, grain: int = 1) -> np.ndarray:
     if dim is None:
         return array
     index_tuple = [slice(None)] * array.ndim
-    index_tuple[dim] = shard_slice(total, parts, index)
+    index_tuple[dim] = shard_slice(total, parts, index, grain)
     return array[tuple(index_tuple)]
 
 
@@ -65,6 +65,7 @@ class Comparison:
         self.train = subject.training_spec(values)
         self.dtype = values["dtype"]
         self.tp = values.get("tp", 1)
+        self.grain = values.get("grain", 1)
         self.checks: list[Check] = []
 
     def add(self, *args, **kwargs) -> None:
@@ -130,7 +131,7 @@ class Comparison:
         dim = self.claims.param_shards.get(name)
         full = which.get("weight", -1, None, None, name)
         total = full.shape[dim] if dim is not None else 0
-        return _take(array, dim, total, self.tp, self.obs[rank].tp_rank)
+        return _take(array, dim, total, self.tp, self.obs[rank].tp_rank, self.grain)
 
     def check_initial_weights(self) -> None:
         # No arithmetic separates a shard from the reference's slice: demand equality.
@@ -149,12 +150,12 @@ class Comparison:
                 got = o.get(kind, step, micro, None)
                 if dim is not None:
                     total = orc.shape[dim]
-                    want_width = shard_sizes(total, self.tp)[o.tp_rank]
+                    want_width = shard_sizes(total, self.tp, self.grain)[o.tp_rank]
                     width = None if got is None else got.shape[dim]
                     self.add(f"shard_width[{kind}]", width == want_width, step=step, micro=micro, rank=rank,
                              detail=f"local width {width}, partition formula says {want_width} of {total}")
-                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank)
-                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank)
+                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain)
+                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain)
                 if kind in self.claims.exact_records:
                     self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
                 else:
@@ -188,9 +189,13 @@ class Comparison:
                                          self.reference)
                 got_g = o.get("grad", step, None, name)
                 self.close(f"grad[{name}]", got_g, ref_g, orc_g, step=step, rank=rank)
+                # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
+                # is ignored): a subject that computes nothing cannot pass on matching zeros.
+                oracle_moves = bool(np.any(orc_g != 0))
                 if got_g is not None:
-                    self.add(f"grad_nonzero[{name}]", bool(np.any(got_g != 0)), step=step, rank=rank,
-                             detail="gradient is all zeros")
+                    self.add(f"grad_nonzero[{name}]", bool(np.any(got_g != 0)) == oracle_moves, step=step,
+                             rank=rank, detail=f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "
+                                               f"oracle's {'nonzero' if oracle_moves else 'all zeros'}")
                 ref_w = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                          self.reference)
                 orc_w = self._param_view(name, self.oracle.get("weight", step, None, None, name).numpy(), rank,
@@ -198,21 +203,51 @@ class Comparison:
                 got_w = o.get("weight", step, None, name)
                 self.close(f"weight[{name}]", got_w, ref_w, orc_w, step=step, rank=rank)
                 prev = o.get("weight", step - 1, None, name)
-                if got_w is None or prev is None or got_g is None:
-                    continue
-                self.add(f"weight_changed[{name}]", bool(np.any(got_w != prev)), step=step, rank=rank,
-                         detail="optimizer step left the weight unchanged")
-                self.check_sgd_identity(name, prev, got_g, got_w, lr, step, rank)
+                if got_w is None or prev is None or got_g is None or not got_w.shape == prev.shape == got_g.shape:
+                    continue  # already failed above, as not observed or of the wrong shape
+                self.check_weight_moved(name, got_w, prev, oracle_moves, step, rank)
+                self.check_sgd_identity(name, prev, got_g * self.clip_coefficient(o, step), got_w, lr, step, rank,
+                                        clipped=self.train.clip > 0)
+            if self.claims.reports_grad_norm:
+                self.close("grad_norm", o.get("grad_norm", step, None, None),
+                           self.reference.get("grad_norm", step, None, None, None).numpy(),
+                           self.oracle.get("grad_norm", step, None, None, None).numpy(), step=step, rank=rank)
 
-    def check_sgd_identity(self, name, prev, grad, new, lr, step, rank) -> None:
-        if self.dtype == "fp32":
+    def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
+        """A weight must move when the gradient is nonzero and stay put when it is zero. An update
+        smaller than half a unit of the weight's dtype (tiny after clipping in bf16) rounds away in
+        the reference at that dtype too; then only 'no movement without gradient' is required."""
+        moved = bool(np.any(got_w != prev))
+        ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
+                                   self.reference)
+        ref_before = self._param_view(name, self.reference.get("weight", step - 1, None, None, name).numpy(),
+                                      rank, self.reference)
+        if not oracle_moves:
+            self.add(f"weight_changed[{name}]", not moved, step=step, rank=rank,
+                     detail="weight moved on a step with no gradient")
+        elif bool(np.any(ref_now != ref_before)):
+            self.add(f"weight_changed[{name}]", moved, step=step, rank=rank,
+                     detail="optimizer step left the weight unchanged")
+
+    def clip_coefficient(self, o, step) -> float:
+        """The clipping factor: from the subject's own norm where it reports one, else the oracle's
+        (then the weights check is what holds the subject to it). 1 without clipping."""
+        if self.train.clip <= 0:
+            return 1.0
+        norm = o.get("grad_norm", step, None, None) if self.claims.reports_grad_norm else None
+        if norm is None:
+            norm = self.oracle.get("grad_norm", step, None, None, None).numpy()
+        return min(1.0, self.train.clip / (float(norm) + 1e-6))
+
+    def check_sgd_identity(self, name, prev, grad, new, lr, step, rank, clipped=False) -> None:
+        if self.dtype == "fp32" and not clipped:
             # SGD without momentum is p.add_(g, alpha=-lr) in float32: redo that very operation.
             want = torch.from_numpy(prev).float().add(torch.from_numpy(grad).float(), alpha=-lr).double().numpy()
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         want = prev - lr * grad
         measured = float(np.max(np.abs(new - want)))
-        bound = sgd_identity_bound(self.dtype, float(np.max(np.abs(new))))
+        bound = sgd_identity_bound(self.dtype, float(np.max(np.abs(new))), clipped)
         self.add(f"sgd_update[{name}]", measured <= bound, step=step, rank=rank, measured=measured, bound=bound)
 
     def check_replicas_agree(self) -> None:
@@ -227,8 +262,8 @@ class Comparison:
                 peers = [r for r in ranks[1:] if self.obs[r].dp_rank == first.dp_rank]
             elif self.claims.param_shards.get(name) is None:
                 peers = ranks[1:]
-            else:
-                continue
+            else:  # a shard: the same on every data-parallel replica of this TP rank
+                peers = [r for r in ranks[1:] if self.obs[r].tp_rank == first.tp_rank]
             for r in peers:
                 other = self.obs[r].tensors.get(key)
                 if other is None or other.shape != value.shape or np.any(other != value):

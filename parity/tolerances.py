@@ -17,7 +17,8 @@ same initial weights, no rounding after them). The bound for that error is
 Checks that involve no arithmetic are exact (bound 0): initial shard slices, replicated tensors
 agreeing across ranks, and the SGD identity w' = w - lr * g in float32. In bf16/fp16 the SGD
 identity is checked against one rounding unit of the weight, since the update goes through
-float32 master weights and one cast back.
+float32 master weights and one cast back; with gradient clipping, one unit more for the rounded
+clip coefficient.
 
 The constants were measured on the default matrix (`parity run --report DIR` records every
 measured/bound ratio in summary.json, `worst_ratio`), not guessed; see README "Tolerances".
@@ -55,8 +56,10 @@ def parity_bound(dtype_name: str, reference_error: float, scale: float) -> Bound
     return Bound(value, reference_error, scale)
 
 
-def sgd_identity_bound(dtype_name: str, weight_scale: float) -> float:
-    if dtype_name == "fp32":
+def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False) -> float:
+    if dtype_name == "fp32" and not clipped:
         return 0.0
-    # master weight within half a unit of the model weight, plus the cast back: one unit in all.
-    return 2 * unit_roundoff(dtype_name) * weight_scale
+    # bf16/fp16: the master weight is within half a unit of the model weight, plus the cast back:
+    # one unit in all. Clipping scales the gradient by a rounded coefficient first: one more unit.
+    units = (2 if dtype_name != "fp32" else 0) + (2 if clipped else 0)
+    return units * unit_roundoff(dtype_name) * weight_scale

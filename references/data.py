@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import torch
 
-IGNORE_PATTERNS = ("none", "scattered")
+IGNORE_PATTERNS = ("none", "scattered", "micro", "step")
+# "micro": scattered, and every target of micro-batch 0 of step 1 ignored.
+# "step": scattered, and every target of every micro-batch of step 2 ignored (a step with no loss).
 
 
 def make_batch(seed: int, step: int, micro: int, dp_rank: int, *, batch: int, seq: int, vocab: int,
@@ -14,12 +16,14 @@ def make_batch(seed: int, step: int, micro: int, dp_rank: int, *, batch: int, se
     # Targets cover the whole vocabulary range, so every shard owns some of them.
     labels = torch.randint(0, vocab, (batch, seq), generator=gen)
     labels[0, -1] = vocab - 1  # the last vocabulary row always receives a target
-    if ignore == "scattered":
+    if ignore not in IGNORE_PATTERNS:
+        raise ValueError(f"ignore pattern must be one of {IGNORE_PATTERNS}, got {ignore!r}")
+    if ignore != "none":
         mask = torch.rand((batch, seq), generator=gen) < 0.25
         mask[0, 1] = True
         labels = labels.masked_fill(mask, ignore_index)
-    elif ignore != "none":
-        raise ValueError(f"ignore pattern must be one of {IGNORE_PATTERNS}, got {ignore!r}")
+    if (ignore == "micro" and (step, micro) == (1, 0)) or (ignore == "step" and step == 2):
+        labels = torch.full_like(labels, ignore_index)
     return {"input_ids": input_ids, "labels": labels}
 
 

@@ -8,6 +8,10 @@ Semantics, stated once (the case files refer here):
 - With data parallelism each replica sees its own batches; the step gradient is the mean over
   replicas of their accumulated gradients.
 - The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16.
+- With gradient clipping c > 0 the step gradient is scaled by c / (norm + 1e-6) when that is
+  below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
+  counted once: torch.nn.utils.clip_grad_norm_'s rule. The recorded "grad" is the gradient before
+  clipping; "grad_norm" is that norm.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class TrainingSpec:
     lr: float = 0.05
     ignore: str = "scattered"
     dp: int = 1
+    clip: float = 0.0
 
     def batches(self, step: int, dp_rank: int, vocab: int, ignore_index: int) -> list[dict]:
         return [make_batch(self.seed, step, m, dp_rank, batch=self.batch, seq=self.seq, vocab=vocab,
@@ -89,7 +94,18 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
                 step_grads[name] += p.grad.to(step_grads[name].dtype) / train.dp
         for name, g in step_grads.items():
             traj.put("grad", step, None, None, name, g)
+        if train.clip > 0:
+            step_grads = clip_by_global_norm(step_grads, train.clip, traj, step)
         optimizer.step(step_grads)
         for name, p in params.items():
             traj.put("weight", step, None, None, name, p)
     return traj
+
+
+def clip_by_global_norm(grads: dict, max_norm: float, traj: Trajectory, step: int) -> dict:
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))
+    traj.put("grad_norm", step, None, None, None, norm)
+    coef = max_norm / (float(norm) + 1e-6)
+    if coef >= 1:
+        return grads
+    return {name: g * coef for name, g in grads.items()}

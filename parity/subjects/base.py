@@ -23,6 +23,7 @@ class Claims:
     micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})
     exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
+    reports_grad_norm: bool = False  # the subject exposes the global norm it clipped with
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Subject(ABC):
 
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),
-                            dp=values.get("dp", 1))
+                            dp=values.get("dp", 1), clip=values.get("clip", 0.0))
 
     @abstractmethod
     def claims(self, values: dict) -> Claims:

@@ -20,7 +20,8 @@ from references.tiny_lm import build_model, capture_head_input_grad
 
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
-    "ignore": None, "zero": (0, 1, 2), "gas": None, "tp": None, "device": None,
+    "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
+    "device": None,
 }
 
 
@@ -88,6 +89,26 @@ def _attribute(root, path: str):
     return root
 
 
+def reports_grad_norm(values: dict) -> bool:
+    """DeepSpeed keeps the clipping norm in its optimizer wrappers (fp16/bf16, ZeRO >= 1); a plain
+    torch optimizer under ZeRO 0 in fp32 is clipped by clip_fp32_gradients, which returns nothing
+    the engine keeps. There the effect of clipping is checked through the weights alone."""
+    return values.get("clip", 0.0) > 0 and not (values["zero"] == 0 and values["dtype"] == "fp32")
+
+
+def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: int) -> None:
+    """Each rank's own (TP-local) weights; ZeRO-3 first gathers what it partitioned across ranks."""
+    if zero_stage != 3:
+        for name, p in params.items():
+            obs.record("weight", step, None, name, p)
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+        for name, p in params.items():
+            obs.record("weight", step, None, name, p)
+
+
 class _RecordingFunction:
     """Stands in for an autograd Function's ``apply`` and notes which backend ran."""
 
@@ -129,15 +150,20 @@ class EngineHead(Subject):
         cfg = {
             "train_micro_batch_size_per_gpu": train.batch,
             "gradient_accumulation_steps": train.micro_batches,
-            "gradient_clipping": 0.0,  # DeepSpeed's default of 1.0 would silently clip
+            # Explicit: DeepSpeed's default of 1.0 would silently clip cases that ask for none.
+            "gradient_clipping": train.clip,
             # ZeRO's default buckets hold 5e8 elements: allocating and zeroing them costs seconds
             # per case on CPU for a model of a few thousand parameters.
             "zero_optimization": {"stage": values["zero"], "reduce_bucket_size": 1_000_000,
                                   "allgather_bucket_size": 1_000_000},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
-            "tensor_parallel": {"autotp_size": values["tp"], **self.tensor_parallel_config(values)},
+            "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.get("grain", 1)},
+                                **self.tensor_parallel_config(values)},
         }
+        if values["zero"] == 3:
+            # Partition every parameter, however small (the default keeps those under 1e5 whole).
+            cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
         if values["dtype"] == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif values["dtype"] == "fp16":
@@ -172,8 +198,7 @@ class EngineHead(Subject):
                 obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
                 params = dict(model.named_parameters())
-                for name, p in params.items():
-                    obs.record("weight", -1, None, name, p)
+                record_weights(obs, -1, params, values["zero"])
                 captured = {}
                 capture_head_input_grad(model, captured)
                 backends = {}
@@ -199,8 +224,10 @@ class EngineHead(Subject):
                         # DeepSpeed's contract: step() after every micro-batch; it updates on the boundary.
                         engine.step()
                     obs.facts.setdefault("global_steps", []).append(engine.global_steps)
-                    for name, p in params.items():
-                        obs.record("weight", step, None, name, p)
+                    if train.clip > 0 and reports_grad_norm(values):
+                        norm = engine.get_global_grad_norm()
+                        obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
+                    record_weights(obs, step, params, values["zero"])
                 obs.facts["loss_backend"] = backends
             finally:
                 engine.destroy()
@@ -223,7 +250,8 @@ class ColumnGatheredHead(EngineHead):
     def claims(self, values):
         head = values["head"]
         return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0})
+                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
+                      reports_grad_norm=reports_grad_norm(values))
 
 
 class VocabParallelHead(EngineHead):
@@ -245,7 +273,7 @@ class VocabParallelHead(EngineHead):
                                     "loss_function": "VocabParallelCausalLMLoss"},
                       param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
                       micro_records={"logits": -1, "loss": None, "head_input_grad": None},
-                      loss_backend=expected_ce_backend(values))
+                      loss_backend=expected_ce_backend(values), reports_grad_norm=reports_grad_norm(values))
 
     def unavailable_reason(self, values):
         reason = super().unavailable_reason(values)
@@ -260,5 +288,5 @@ def expected_ce_backend(values: dict) -> str:
     anything else falls back to torch on every rank alike."""
     if values["backend"] != "liger" or values.get("device") != "cuda":
         return "torch"
-    sizes = shard_sizes(values["vocab"], values["tp"])
+    sizes = shard_sizes(values["vocab"], values["tp"], values.get("grain", 1))
     return "liger" if len(set(sizes)) == 1 else "torch"

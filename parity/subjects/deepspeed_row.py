@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from parity.subjects.base import Claims
-from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead
+from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead, reports_grad_norm
 
 
 class RowParallelHead(EngineHead):
@@ -38,4 +38,5 @@ class RowParallelHead(EngineHead):
         head = values["head"]
         return Claims(module_types={head: "LinearAllreduceWithReplicatedInput", "proj": "Linear",
                                     "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None})
+                      param_shards={f"{head}.weight": 1, f"{head}.bias": None},
+                      reports_grad_norm=reports_grad_norm(values))
