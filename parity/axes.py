@@ -51,4 +51,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("device", ("cpu", "cuda"), "cpu", str),
     Axis("head_input", ("sequence", "flat"), "sequence", lambda v: {"sequence": "in_bth", "flat": "in_nh"}[v],
          help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]"),
+    Axis("padding", ("none", "first", "last"), "none", lambda v: {"none": "nopad", "first": "pad0",
+                                                                   "last": "padlast"}[v],
+         help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects only)"),
+    Axis("embed_spec", ("none", "row", "column"), "none", lambda v: f"espec_{v}",
+         help="an explicit partition_config spec for embed_tokens.weight, visited by the AutoTP walk before "
+              "the head (tied subjects only)"),
 ]}

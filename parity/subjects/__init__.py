@@ -11,10 +11,11 @@ import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_row import RowParallelHead
+from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE()]}
+                                LigerVocabParallelCE(), TiedRowParallelHead(), TiedVocabParallelHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

@@ -23,6 +23,9 @@ class Claims:
     micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})
     exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
+    # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
+    # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].
+    shared_params: tuple = ()
 
 
 @dataclass

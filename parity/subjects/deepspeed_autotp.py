@@ -171,6 +171,8 @@ class EngineHead(Subject):
             try:
                 obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
+                obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
+                                              for a, b in self.claims(values).shared_params}
                 params = dict(model.named_parameters())
                 for name, p in params.items():
                     obs.record("weight", -1, None, name, p)
