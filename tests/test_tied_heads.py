@@ -141,3 +141,24 @@ def test_tied_case_file_covers_the_brief():
     assert {v["hidden"] for v in row} == {32, 35}
     vocab = [c.values for c in cases if c.subject == "tied_vocab_parallel"]
     assert {v["vocab"] for v in vocab} == {34, 35}
+
+
+@pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
+def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
+    from parity.compare import Comparison
+    from parity.observations import RankObservations
+
+    subject = SUBJECTS["tied_row_parallel"]
+    obs = {}
+    for rank in range(2):
+        o = RankObservations(rank, rank, 0)
+        o.facts["module_types"] = dict(subject.claims(BASE).module_types)
+        o.facts["state_at_start"] = subject.clean_state
+        if fact is not None:
+            o.facts["shared_params"] = {"lm_head.weight=embed_tokens.weight": fact}
+        obs[rank] = o
+    comparison = Comparison(subject, BASE, obs, reference=None, oracle=None)
+    comparison.check_claims()
+    shared = [c for c in comparison.checks if c.name.startswith("shared_param[")]
+    assert len(shared) == 2 and all(c.passed == passes for c in shared)
+    assert all(c.passed for c in comparison.checks if not c.name.startswith("shared_param["))
