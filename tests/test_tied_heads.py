@@ -129,7 +129,7 @@ def test_reference_padding_row_gets_no_lookup_gradient(tied):
 def test_tied_case_file_covers_the_brief():
     cases = load_file(TIED_FILE)
     assert 60 <= len(cases) <= 120
-    assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel"}
+    assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding"}
     for name in ("tied_row_parallel", "tied_vocab_parallel"):
         mine = [c.values for c in cases if c.subject == name]
         assert {v["dtype"] for v in mine} == {"fp32", "bf16"}
@@ -162,3 +162,25 @@ def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
     shared = [c for c in comparison.checks if c.name.startswith("shared_param[")]
     assert len(shared) == 2 and all(c.passed == passes for c in shared)
     assert all(c.passed for c in comparison.checks if not c.name.startswith("shared_param["))
+
+
+def test_direct_embedding_claims_and_reference_padding():
+    from references.embedding_lookup import train_lookup_reference
+
+    subject = SUBJECTS["vocab_parallel_embedding"]
+    values = {"dtype": "fp32", "vocab": 35, "hidden": 32, "gas": 2, "tp": 2, "device": "cpu", "padding": "last"}
+    claims = subject.claims(values)
+    assert claims.module_types == {"embedding": "VocabParallelEmbedding"}
+    assert claims.param_shards == {"weight": 0}
+    assert claims.micro_records == {"embedding": None, "loss": None}
+    train = subject.training_spec(values)
+    traj = train_lookup_reference(35, 32, 34, train, torch.float32, torch.float64)
+    plain = train_lookup_reference(35, 32, None, train, torch.float32, torch.float64)
+    assert torch.all(traj.get("weight", -1, None, None, "weight")[34] == 0)
+    for step in range(train.steps):
+        grad = traj.get("grad", step, None, None, "weight")
+        assert torch.all(grad[34] == 0) and torch.any(grad[:34] != 0)
+        assert torch.equal(traj.get("weight", step, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64))
+    # the padding token is looked up (rows 0..33 start equal; row 34 is zero only with padding_idx)
+    assert not torch.equal(plain.get("grad", 0, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64)) or \
+        not torch.equal(plain.get("grad", 4, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64))
