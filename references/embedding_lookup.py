@@ -3,7 +3,8 @@
 The subject that shards the table (a vocabulary-parallel embedding built directly) is compared with
 this, step by step, like the heads are with the tiny LM. Semantics:
 - each micro-batch's input ids come from references/data.py (the same stream the heads see);
-- the loss of a micro-batch is mean((E[ids] - T)^2) over every element, computed in float32 (float64
+- the loss of a micro-batch is sum((E[ids] - T)^2) over every element (a sum, so that one bf16
+  update moves the table by more than half an ulp), computed in float32 (float64
   for the oracle), T a fixed target drawn from (seed, step, micro) in [-1, 1); it is divided by the
   accumulation count before backward;
 - plain SGD, through float32 master weights when the table is bf16/fp16 (references/sgd.py).
@@ -37,7 +38,7 @@ def lookup_batch(train: TrainingSpec, step: int, micro: int, vocab: int, hidden:
 
 def lookup_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     compute = torch.float64 if out.dtype == torch.float64 else torch.float32
-    return ((out.to(compute) - target.to(compute)) ** 2).mean()
+    return ((out.to(compute) - target.to(compute)) ** 2).sum()
 
 
 def train_lookup_reference(vocab: int, hidden: int, padding_idx: int | None, train: TrainingSpec,

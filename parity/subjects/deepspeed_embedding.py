@@ -27,7 +27,7 @@ from parity.tolerances import DTYPES
 class DirectVocabParallelEmbedding(Subject):
     name = "vocab_parallel_embedding"
     description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
-                   "vocab, masked local lookup + all-reduce, trained alone on a squared-error lookup loss.")
+                   "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")
     axes = {"dtype": ("fp32", "bf16"), "vocab": None, "hidden": None, "gas": None, "tp": None,
             "device": None, "padding": None}
     clean_state = CLEAN_STATE
