@@ -50,8 +50,8 @@ class TiedRowParallelHead(RowParallelHead):
     name = "tied_row_parallel"
     description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
-    # The tie makes embed_tokens.weight the head's weight: the head must be named lm_head (the model
-    # ties through that name; embed_out is covered untied by row_parallel).
+    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
+    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
     axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES}
 
     def model_spec(self, values):
