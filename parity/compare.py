@@ -116,6 +116,12 @@ class Comparison:
             for path, want in self.claims.module_types.items():
                 self.add(f"module_type[{path}]", found.get(path) == want, rank=rank,
                          detail=f"claimed {want}, found {found.get(path)}")
+            shared = o.facts.get("shared_params", {})
+            for a, b in self.claims.shared_params:
+                found_shared = shared.get(f"{a}={b}")
+                self.add(f"shared_param[{a}={b}]", found_shared is True, rank=rank,
+                         detail="one Parameter" if found_shared else
+                         ("not observed" if found_shared is None else "two different Parameters: the tie is broken"))
             state = o.facts.get("state_at_start")
             self.add("process_state_reset", state == self.subject.clean_state, rank=rank,
                      detail=f"found {state}, expected {self.subject.clean_state}")

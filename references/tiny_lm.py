@@ -25,13 +25,16 @@ class ModelSpec:
     reduction: str = "mean"
     ignore_index: int = -100
     head_input: str = "sequence"  # "flat": the head sees [B*T, H] and its logits are reshaped to [B, T, V]
+    # nn.Embedding(padding_idx=...): that row starts at zero and its lookups pass no gradient back
+    # (a tied head's projection still does). None: no padding row.
+    padding_idx: int | None = None
 
 
 class TinyCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, padding_idx=spec.padding_idx)
         self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
         setattr(self, spec.head_name, nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
         if spec.tied:

@@ -107,7 +107,7 @@ def test_case_file_covers_uneven_vocab_reductions_and_chunks():
 def test_chunk_axis_leaves_other_subjects_ids_alone():
     values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True,
               "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "dp": 1, "device": "cpu",
-              "head_input": "sequence", "chunk": 5}
+              "head_input": "sequence", "chunk": 5, "grain": 1, "clip": 0.0}
     assert "chunk" not in case_id("vocab_parallel", values)
     for path in CASE_FILE.parent.glob("*.toml"):
         if path != CASE_FILE:

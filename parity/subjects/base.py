@@ -24,6 +24,9 @@ class Claims:
     exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
     reports_grad_norm: bool = False  # the subject exposes the global norm it clipped with
+    # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
+    # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].
+    shared_params: tuple = ()
 
 
 @dataclass

@@ -197,6 +197,8 @@ class EngineHead(Subject):
             try:
                 obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
+                obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
+                                              for a, b in self.claims(values).shared_params}
                 params = dict(model.named_parameters())
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}

@@ -1,0 +1,91 @@
+"""DeepSpeed 0.19.8 untied VocabParallelEmbedding, built directly (no engine).
+
+An untied embedding becomes vocabulary-parallel only by direct construction (notes, "(b) Direct
+construction"): ``VocabParallelEmbedding(nn.Embedding, tp_group)`` in AutoTP training mode shards
+the table along the vocabulary (dim 0) with its own shard sizes, looks up this rank's rows (other
+tokens are remapped to row 0 and their output zeroed) and all-reduces the partial lookups. A
+padding_idx survives only on the rank whose shard holds it, shifted to the local index.
+
+The rank trains the table alone on references/embedding_lookup.py's task (lookup + squared error),
+with its own SGD: torch.optim.SGD in fp32; in bf16 a float32 master copy updated the same way, as
+DeepSpeed's bf16 optimizer does. Records: the full lookup (replicated after the all-reduce), the
+loss, the weight shard's gradient and the weights after each update.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from parity.observations import RankObservations
+from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
+from parity.subjects.deepspeed_tied import padding_index
+from parity.tolerances import DTYPES
+
+
+class DirectVocabParallelEmbedding(Subject):
+    name = "vocab_parallel_embedding"
+    description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
+                   "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")
+    axes = {"dtype": ("fp32", "bf16"), "vocab": None, "hidden": None, "gas": None, "tp": None,
+            "device": None, "padding": None}
+    clean_state = CLEAN_STATE
+
+    def reference(self, values, compute_dtype=None):
+        from references.embedding_lookup import train_lookup_reference
+
+        return train_lookup_reference(values["vocab"], values["hidden"], padding_index(values),
+                                      self.training_spec(values), DTYPES[values["dtype"]], compute_dtype)
+
+    def claims(self, values):
+        return Claims(module_types={"embedding": "VocabParallelEmbedding"}, param_shards={"weight": 0},
+                      micro_records={"embedding": None, "loss": None})
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        setup_deepspeed(ctx)
+        return reset_deepspeed_state()
+
+    def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
+        from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode
+        from deepspeed.utils import groups
+
+        from references.embedding_lookup import build_embedding, lookup_batch, lookup_loss
+
+        setup_deepspeed(ctx)
+        tp = values["tp"]
+        install_tp_groups(ctx, tp)
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        train = self.training_spec(values)
+        dtype = DTYPES[values["dtype"]]
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        set_autotp_mode(training=True)  # else the layer's parameters are built with requires_grad=False
+        table = build_embedding(values["vocab"], values["hidden"], padding_index(values), train.seed, dtype)
+        layer = VocabParallelEmbedding(copy.deepcopy(table).to(ctx.device), groups.get_tensor_model_parallel_group(),
+                                       name="embed_tokens")
+        obs.facts["module_types"] = {"embedding": type(layer).__name__}
+        weight = layer.weight
+        obs.record("weight", -1, None, "weight", weight)
+        if dtype == torch.float32:
+            optimizer = torch.optim.SGD([weight], lr=train.lr)
+        else:
+            master = weight.detach().float().clone()
+        for step in range(train.steps):
+            weight.grad = None
+            for micro in range(train.micro_batches):
+                ids, target = lookup_batch(train, step, micro, values["vocab"], values["hidden"])
+                out = layer(ids.to(ctx.device))
+                loss = lookup_loss(out, target.to(ctx.device))
+                (loss / train.micro_batches).backward()
+                obs.record("embedding", step, micro, None, out)
+                obs.record("loss", step, micro, None, loss)
+            grad = weight.grad.float()
+            obs.record("grad", step, None, "weight", grad)
+            with torch.no_grad():
+                if dtype == torch.float32:
+                    optimizer.step()
+                else:
+                    master.add_(grad, alpha=-train.lr)
+                    weight.copy_(master.to(dtype))
+            obs.record("weight", step, None, "weight", weight)
+        return obs

@@ -1,0 +1,93 @@
+"""DeepSpeed 0.19.8 AutoTP output heads whose weight IS the input embedding's weight (tied).
+
+The model is the suite's TinyCausalLM with ``tied=True``: ``lm_head.weight is embed_tokens.weight``,
+so the reference names the one Parameter ``embed_tokens.weight`` and its gradient is the full tied
+gradient (lookup + projection). Both subjects must keep one Parameter per rank, sharded once:
+
+- ``tied_row_parallel`` (#8680): a ``partition_type: "row"`` spec on the head builds
+  ``LinearAllreduceWithReplicatedInput`` (weight [V, H/tp]); AutoTP snapshots the tie before the
+  walk (``_find_tied_row_parallel_embedding_ids``), leaves the embedding to the head
+  (``_slice_embedding`` returns early) and replaces it with ``HiddenParallelEmbedding`` sharing the
+  head's shard: the lookup reads this rank's hidden columns and all-gathers them along hidden.
+- ``tied_vocab_parallel`` (#8859): ``vocab_parallel_lm_head: true``; the tied embedding is recorded
+  in ``_tied_vocab_parallel_embedding_ids`` at AutoTP construction and replaced by
+  ``VocabParallelEmbedding(tied_vocab_parallel_linear=head)`` (masked local lookup + all-reduce)
+  sharing the head's vocabulary shard [V/tp, H]; the engine installs the vocab-parallel CE.
+
+Axes of their own (parity/axes.py, declared only here, so no other id changes):
+- ``padding``: the embedding's padding_idx (none / token 0 / token vocab-1). HiddenParallelEmbedding
+  keeps it as is; VocabParallelEmbedding keeps it only on the rank whose shard holds it, remapped.
+- ``embed_spec``: an explicit partition_config spec for ``embed_tokens.weight``. embed_tokens is
+  registered before the head, so the walk reaches it first; the spec must neither slice it on its own
+  nor break the tie (the ordering bug #8680 fixes: the tie is snapshotted before the walk).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from parity.subjects.base import Claims
+from parity.subjects.deepspeed_autotp import COMMON_AXES, VocabParallelHead
+from parity.subjects.deepspeed_row import RowParallelHead
+
+TIED_AXES = {"padding": None, "embed_spec": None}
+SHARED = (("lm_head.weight", "embed_tokens.weight"),)
+
+
+def padding_index(values: dict) -> int | None:
+    return {"none": None, "first": 0, "last": values["vocab"] - 1}[values.get("padding", "none")]
+
+
+def embed_specs(values: dict) -> list:
+    kind = values.get("embed_spec", "none")
+    return [] if kind == "none" else [{"patterns": [r"embed_tokens\.weight$"], "partition_type": kind}]
+
+
+def tied_spec(spec, values):
+    return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values))
+
+
+class TiedRowParallelHead(RowParallelHead):
+    name = "tied_row_parallel"
+    description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
+                   "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
+    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
+    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
+    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES}
+
+    def model_spec(self, values):
+        return tied_spec(super().model_spec(values), values)
+
+    def tensor_parallel_config(self, values):
+        config = super().tensor_parallel_config(values)
+        config["partition_config"]["layer_specs"][:0] = embed_specs(values)
+        return config
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",
+                                    "embed_tokens": "HiddenParallelEmbedding"},
+                      param_shards={"embed_tokens.weight": 1, "lm_head.bias": None},
+                      shared_params=SHARED)
+
+
+class TiedVocabParallelHead(VocabParallelHead):
+    name = "tied_vocab_parallel"
+    description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
+                   "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
+    axes = {**VocabParallelHead.axes, "head": ("lm_head",), **TIED_AXES}
+
+    def model_spec(self, values):
+        return tied_spec(super().model_spec(values), values)
+
+    def tensor_parallel_config(self, values):
+        config = super().tensor_parallel_config(values)
+        config["partition_config"]["layer_specs"][:0] = embed_specs(values)
+        return config
+
+    def claims(self, values):
+        base = super().claims(values)
+        return dataclasses.replace(
+            base, module_types={**base.module_types, "embed_tokens": "VocabParallelEmbedding"},
+            param_shards={"embed_tokens.weight": 0, "lm_head.bias": 0}, shared_params=SHARED)
+
+
+SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead()]
