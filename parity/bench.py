@@ -73,6 +73,11 @@ class _Counters:
         ce_mod._liger_vocab_cross_entropy = counted_liger
         ce_mod._VocabParallelCrossEntropy = CountedTorch
         self.ce = ce_mod.vocab_parallel_cross_entropy
+        self._restore = lambda: (setattr(ce_mod, "_liger_vocab_cross_entropy", liger_fn),
+                                 setattr(ce_mod, "_VocabParallelCrossEntropy", torch_fn))
+
+    def restore(self):
+        self._restore()
 
     def reset(self):
         self.counts.update(liger=0, torch=0)
@@ -178,7 +183,7 @@ def stage1(cfg, device, group, counters) -> list[dict]:
                        ms_median=statistics.median(times), ms_min=min(times), ms_max=max(times),
                        peak_allocated_bytes=max(peaks) if peaks[0] is not None else None,
                        baseline_bytes=baseline if device.type == "cuda" else None,
-                       loss=float(loss), grad_abs_sum=float(logits.grad.float().abs().sum()))
+                       loss=float(loss.detach()), grad_abs_sum=float(logits.grad.float().abs().sum()))
             del logits, target, loss
             if device.type == "cuda":
                 torch.cuda.empty_cache()
