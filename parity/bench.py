@@ -497,6 +497,8 @@ def build_config(args) -> dict:
         raise SystemExit(f"parity bench: --backends must name {'/'.join(BACKENDS)}, got {args.backends!r}")
     stages = {"1": "1", "2": "2", "all": "12"}[args.stages]
     pick = lambda v, k: d[k] if v is None else v  # noqa: E731
+    if pick(args.repeats, "repeats") < 1 or pick(args.warmup, "warmup") < 0:
+        raise SystemExit("parity bench: --repeats must be >= 1 and --warmup >= 0")
     return {"device": device, "stages": stages, "backends": backends,
             "tokens": pick(args.tokens, "tokens"), "local_vocab": pick(args.local_vocab, "local_vocab"),
             "repeats": pick(args.repeats, "repeats"), "warmup": pick(args.warmup, "warmup"),
