@@ -1,4 +1,4 @@
-"""parity list | run | mutants: the command-line face of the suite."""
+"""parity list | run | mutants | bench: the command-line face of the suite."""
 from __future__ import annotations
 
 import argparse
@@ -87,7 +87,15 @@ def main(argv=None) -> int:
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+    bench = sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test")
+    from parity.bench import add_arguments
+
+    add_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from parity.bench import cmd_bench
+
+        return cmd_bench(args)
     try:
         return {"list": cmd_list, "run": cmd_run}[args.command](args)
     except CaseFileError as exc:
