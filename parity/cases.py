@@ -228,7 +228,7 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     checks = table.get("checks", [])
     if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
         raise CaseFileError(path, f"{where}.checks", "must be a list of check names")
-    return KnownDivergence(table["reason"].strip(), table["repro"], tuple(checks))
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks))
 
 
 def load_file(path) -> list[Case]:

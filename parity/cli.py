@@ -29,6 +29,11 @@ def select(cases, keyword: str | None, case_ids: list[str] | None, device: str |
 
 def cmd_list(args) -> int:
     cases = select(load(args.matrix), args.k, args.case, args.device)
+    if args.coverage:
+        from parity.coverage import coverage_table
+
+        print(coverage_table(cases))
+        return 0
     if args.json:
         print(json.dumps([c.as_dict() for c in cases], indent=1))
     else:
@@ -82,6 +87,8 @@ def main(argv=None) -> int:
         p.add_argument("--case", action="append", metavar="ID", help="run exactly this case (repeatable)")
         p.add_argument("--device", choices=("cpu", "cuda"), help="only cases on this device")
     sub.choices["list"].add_argument("--json", action="store_true")
+    sub.choices["list"].add_argument("--coverage", action="store_true",
+                                     help="print the subject x axis coverage table (markdown, as in the README)")
     run = sub.choices["run"]
     run.add_argument("--report", metavar="DIR", help="write DIR/summary.json")
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")

@@ -64,9 +64,9 @@ def summary_table(verdicts, wall_s: float) -> str:
     modes = Counter(v.mode for v in verdicts if v.mode)
     if modes:
         lines.append("ranks ran as: " + "; ".join(f"{mode} ({n} cases)" for mode, n in sorted(modes.items())))
-    ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None]
+    ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None and v.status == PASSED]
     if ratios:
-        lines.append(f"closest numerical check: {max(ratios):.3f} of its bound")
+        lines.append(f"closest numerical check of a passing case: {max(ratios):.3f} of its bound")
     extra = "".join(f", {counts[s]} {s}" for s in (DIVERGED, XPASSED) if counts[s])
     lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{extra} "
                  f"in {wall_s:.1f} s")
