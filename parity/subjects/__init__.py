@@ -11,6 +11,7 @@ import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabParallelCE
+from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
@@ -18,7 +19,8 @@ from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding()]}
+                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
+                                DirectColumnGatheredHead(), DirectVocabParallelHead(), DirectRowParallelHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
