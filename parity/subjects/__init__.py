@@ -10,7 +10,7 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
-from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabParallelCE
+from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedVocabParallelCE
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_row import RowParallelHead
@@ -18,7 +18,7 @@ from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParalle
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
+                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedFusedLinearCE(),
                                 TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
                                 DirectColumnGatheredHead(), DirectVocabParallelHead(), DirectRowParallelHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
