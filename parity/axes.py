@@ -59,6 +59,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]", quiet_default=True),
     Axis("chunk", None, 0, lambda v: f"chunk{v}" if v else "chunk_auto", minimum=0,
          help="tokens per chunk of a fused linear+CE (its chunk_size); 0 passes None (the function's default)", quiet_default=True),
+    Axis("backward", ("once", "twice", "create_graph"), "once", lambda v: f"bwd_{v}",
+         help="loss-only subjects: one backward; two retained-graph backwards (gradients exactly 2x); or "
+              "autograd.grad(create_graph=True) then a Hessian-vector product", quiet_default=True),
     Axis("padding", ("none", "first", "last"), "none", lambda v: {"none": "nopad", "first": "pad0",
                                                                    "last": "padlast"}[v],
          help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects only)"),

@@ -14,6 +14,7 @@ from references.loss import token_losses
 from references.trajectory import Trajectory
 
 CE_REDUCTIONS = ("none", "sum", "mean")
+BACKWARDS = ("once", "twice", "create_graph")
 SCALAR_UPSTREAM = 0.75  # d(objective)/d(loss) for a scalar loss; exact in every dtype
 
 
@@ -27,6 +28,12 @@ def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtyp
         targets[1] = ignore_index
     upstream = torch.rand(tokens, generator=gen) + 0.5
     return logits, targets, upstream
+
+
+def hvp_direction(seed: int, tokens: int, vocab: int) -> torch.Tensor:
+    """The fixed direction v of the second-order check: d/dlogits sum(g * v), g the logits gradient."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(tokens, vocab, generator=gen)
 
 
 def reduce_losses(losses: torch.Tensor, targets: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
@@ -50,14 +57,28 @@ def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: st
 
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
-                 reduction: str = "none") -> Trajectory:
+                 reduction: str = "none", backward: str = "once") -> Trajectory:
+    """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
+    "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v))."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
     loss = reduce_losses(token_losses(x, targets, ignore_index), targets, reduction, ignore_index)
-    upstream_objective(loss, upstream, reduction).backward()
+    objective = upstream_objective(loss, upstream, reduction)
     traj = Trajectory()
+    if backward == "create_graph":
+        (grad,) = torch.autograd.grad(objective, x, create_graph=True)
+        v = hvp_direction(seed, tokens, vocab).to(grad.dtype)
+        (hvp,) = torch.autograd.grad((grad * v).sum(), x)
+        traj.put("logits_hvp", 0, 0, 0, None, hvp)
+    else:
+        objective.backward(retain_graph=backward == "twice")
+        if backward == "twice":
+            objective.backward()
+        grad = x.grad
     traj.put("loss", 0, 0, 0, None, loss)
-    traj.put("logits_grad", 0, 0, 0, None, x.grad)
+    traj.put("logits_grad", 0, 0, 0, None, grad)
     traj.put("logits_after", 0, 0, 0, None, logits)  # the input, as it was before the call
     return traj
 

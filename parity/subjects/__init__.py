@@ -10,15 +10,17 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
-from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabParallelCE
+from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedVocabParallelCE
+from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding()]}
+                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedFusedLinearCE(),
+                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
+                                DirectColumnGatheredHead(), DirectVocabParallelHead(), DirectRowParallelHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
