@@ -12,13 +12,15 @@ import os
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabParallelCE
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
+from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding()]}
+                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
+                                DeepSpeedRejection()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
