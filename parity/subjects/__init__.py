@@ -12,6 +12,7 @@ import os
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabParallelCE
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
+from parity.subjects.deepspeed_inference import InferenceHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
@@ -20,7 +21,7 @@ from parity.subjects.liger_ce import LigerVocabParallelCE
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
                                 TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
-                                DeepSpeedRejection()]}
+                                DeepSpeedRejection(), InferenceHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
