@@ -39,7 +39,7 @@ REJECTIONS = (
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
-    "fused_bad_reduction", "fused_chunk_zero", "fused_start_without_end", "fused_target_out_of_range",
+    "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
 )
 
 

@@ -171,7 +171,7 @@ CE_VARIANTS = {
     "ce_empty_shard": CEVariant(vocab=lambda tp: tp - 1),
     "ce_overlapping_bounds": CEVariant(bounds="all_zero"),
     "fused_bad_reduction": CEVariant(fused=True, kwargs={"reduction": "avg"}),
-    "fused_chunk_zero": CEVariant(fused=True, kwargs={"chunk_size": 0}),
+    "fused_size_zero": CEVariant(fused=True, kwargs={"chunk_size": 0}),
     "fused_start_without_end": CEVariant(fused=True, bounds="start_only"),
     "fused_target_out_of_range": CEVariant(fused=True, target_out_of_range=True),
 }
