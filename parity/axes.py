@@ -30,6 +30,19 @@ class Axis:
         return type(value) is int and value >= self.minimum
 
 
+# ds_reject's variants (parity/subjects/deepspeed_rejects.py builds each one); "none" is no rejection.
+REJECTIONS = (
+    "none",
+    "tied_row_max_norm", "tied_row_sparse", "tied_vocab_max_norm", "tied_vocab_sparse", "tied_vocab_scale_grad",
+    "row_tied_non_embedding", "row_shape", "row_partition_dim0", "gather_shape",
+    "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
+    "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored",
+    "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
+    "ce_empty_shard", "ce_overlapping_bounds",
+    "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
+)
+
+
 def _flag(true_label, false_label):
     return lambda v: true_label if v else false_label
 
@@ -68,4 +81,6 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("embed_spec", ("none", "row", "column"), "none", lambda v: f"espec_{v}",
          help="an explicit partition_config spec for embed_tokens.weight, visited by the AutoTP walk before "
               "the head (tied subjects only)"),
+    Axis("variant", REJECTIONS, "none", str, quiet_default=True,
+         help="which documented DeepSpeed error path a rejection case drives (ds_reject only)"),
 ]}

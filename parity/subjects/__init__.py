@@ -13,14 +13,17 @@ from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHe
 from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedVocabParallelCE
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
+from parity.subjects.deepspeed_inference import InferenceHead
+from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedFusedLinearCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
-                                DirectColumnGatheredHead(), DirectVocabParallelHead(), DirectRowParallelHead()]}
+                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(),
+                                DeepSpeedFusedLinearCE(), TiedRowParallelHead(), TiedVocabParallelHead(),
+                                DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
+                                DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

@@ -1,0 +1,276 @@
+"""DeepSpeed 0.19.8's documented error paths for output heads and vocabulary-parallel losses.
+
+One subject, ``ds_reject``, whose ``variant`` axis names the rejection. Each variant builds the
+model and config (or the CE call) that a user would write, and calls ``deepspeed.initialize`` (or the
+CE function) the way users do. Its case (cases/deepspeed_rejects.toml) demands that every rank
+raises the named exception with a fragment of DeepSpeed's own message; a rejection that only some
+ranks raise, or none, fails the case.
+
+Models are small variations of the suite's TinyCausalLM, defined here so the reference model stays
+free of DeepSpeed: an embedding with max_norm / sparse / scale_grad_by_freq, a head renamed
+``output``, a head whose weight is shared with a non-Embedding module, a read-only ``loss_function``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from parity.axes import REJECTIONS
+from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, install_tp_groups, reset_deepspeed_state,
+                                              setup_deepspeed)
+from references.tiny_lm import ModelSpec, TinyCausalLM, build_model
+from references.trajectory import TrainingSpec
+
+VOCAB, HIDDEN, SEED, TOKENS, IGNORE_INDEX = 34, 32, 1234, 12, -100
+SKIP_PROJ = {"patterns": [r"proj\.weight$"], "partition_type": "skip"}
+
+
+def _specs(*specs) -> dict:
+    return {"partition_config": {"use_default_specs": False, "layer_specs": [SKIP_PROJ, *specs]}}
+
+
+ROW_HEAD = {"patterns": [r"lm_head\.weight$"], "partition_type": "row"}
+COLUMN_GATHERED = {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True}
+VOCAB_PARALLEL = {"vocab_parallel_lm_head": True, **_specs()}
+
+
+# ---- model variants ------------------------------------------------------------------------------
+
+class OutputNamedLM(TinyCausalLM):
+    """The head is called ``output``: neither of the names (lm_head, embed_out) AutoTP's vocab-parallel
+    head detection accepts."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.output = self.lm_head
+        del self.lm_head
+        self.spec = dataclasses.replace(spec, head_name="output")
+
+
+class WeightHolder(nn.Module):
+    """A non-Embedding module that holds the head's weight (e.g. an auxiliary scorer)."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+
+class ReadOnlyLossLM(TinyCausalLM):
+    """loss_function is a read-only property: the engine cannot install its vocab-parallel loss."""
+
+    def __init__(self, spec):  # TinyCausalLM.__init__ assigns loss_function; build the same modules here
+        nn.Module.__init__(self)
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=spec.bias)
+
+    @property
+    def loss_function(self):
+        return None
+
+
+class IgnoringSetterLossLM(ReadOnlyLossLM):
+    """loss_function has a setter that silently drops the new value."""
+
+    @property
+    def loss_function(self):
+        return None
+
+    @loss_function.setter
+    def loss_function(self, value):
+        pass
+
+
+def _seeded(factory):
+    state = torch.random.get_rng_state()
+    torch.manual_seed(SEED)
+    try:
+        return factory()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _embedding_option(**options):
+    def build(spec):
+        model = build_model(spec, SEED, torch.float32)
+        old = model.embed_tokens
+        new = nn.Embedding(spec.vocab, spec.hidden, **options)
+        new.weight = old.weight  # keeps a tie to the head, if any
+        model.embed_tokens = new
+        return model
+    return build
+
+
+def _tied_to_non_embedding(spec):
+    model = build_model(spec, SEED, torch.float32)
+    model.scorer = WeightHolder(model.lm_head.weight)
+    return model
+
+
+def _without_loss_function(spec):
+    model = build_model(spec, SEED, torch.float32)
+    del model.loss_function  # an instance attribute in TinyCausalLM: afterwards hasattr() is False
+    return model
+
+
+def _plain(spec):
+    return build_model(spec, SEED, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineVariant:
+    tp_config: dict
+    build: object = _plain
+    tied: bool = False
+    vocab: object = VOCAB  # an int, or a callable tp -> int
+    extra: dict = dataclasses.field(default_factory=dict)  # merged into tensor_parallel (may use {tp})
+
+
+@dataclasses.dataclass(frozen=True)
+class CEVariant:
+    fused: bool = False
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    bounds: str = "explicit"  # explicit | none | start_only | all_zero
+    vocab: object = VOCAB
+    target_out_of_range: bool = False
+
+
+ENGINE_VARIANTS = {
+    # tied embeddings with options the sharded embedding cannot honour
+    "tied_row_max_norm": EngineVariant(_specs(ROW_HEAD), _embedding_option(max_norm=1.0), tied=True),
+    "tied_row_sparse": EngineVariant(_specs(ROW_HEAD), _embedding_option(sparse=True), tied=True),
+    "tied_vocab_max_norm": EngineVariant(VOCAB_PARALLEL, _embedding_option(max_norm=1.0), tied=True),
+    "tied_vocab_sparse": EngineVariant(VOCAB_PARALLEL, _embedding_option(sparse=True), tied=True),
+    "tied_vocab_scale_grad": EngineVariant(VOCAB_PARALLEL, _embedding_option(scale_grad_by_freq=True), tied=True),
+    # row-parallel head
+    "row_tied_non_embedding": EngineVariant(_specs(ROW_HEAD), _tied_to_non_embedding),
+    "row_shape": EngineVariant(_specs({**ROW_HEAD, "shape": [-1, HIDDEN], "partition_dim": 1})),
+    "row_partition_dim0": EngineVariant(_specs({**ROW_HEAD, "partition_dim": 0})),
+    # column-parallel head with gathered output
+    "gather_shape": EngineVariant(_specs({**COLUMN_GATHERED, "shape": [2, -1], "partition_dim": 0})),
+    # vocab-parallel head
+    "vocab_empty_shard": EngineVariant(VOCAB_PARALLEL, vocab=lambda tp: tp - 1),
+    "vocab_no_head": EngineVariant(VOCAB_PARALLEL, OutputNamedLM),
+    "liger_without_vocab_head": EngineVariant({"vocab_parallel_ce_backend": "liger", **_specs(COLUMN_GATHERED)}),
+    "tp_size_mismatch": EngineVariant(_specs(COLUMN_GATHERED), extra={"tp_size_plus": 1}),
+    "loss_function_missing": EngineVariant(VOCAB_PARALLEL, _without_loss_function),
+    "loss_function_read_only": EngineVariant(VOCAB_PARALLEL, ReadOnlyLossLM),
+    "loss_function_setter_ignored": EngineVariant(VOCAB_PARALLEL, IgnoringSetterLossLM),
+}
+
+CE_VARIANTS = {
+    "ce_bad_reduction": CEVariant(kwargs={"reduction": "avg"}),
+    "ce_bad_backend": CEVariant(kwargs={"backend": "triton"}),
+    "ce_uneven_no_bounds": CEVariant(bounds="none", vocab=lambda tp: 17 * tp + 1),
+    "ce_start_without_end": CEVariant(bounds="start_only"),
+    "ce_target_out_of_range": CEVariant(target_out_of_range=True),
+    "ce_empty_shard": CEVariant(vocab=lambda tp: tp - 1),
+    "ce_overlapping_bounds": CEVariant(bounds="all_zero"),
+    "fused_bad_reduction": CEVariant(fused=True, kwargs={"reduction": "avg"}),
+    "fused_size_zero": CEVariant(fused=True, kwargs={"chunk_size": 0}),
+    "fused_start_without_end": CEVariant(fused=True, bounds="start_only"),
+    "fused_target_out_of_range": CEVariant(fused=True, target_out_of_range=True),
+}
+
+VARIANTS = ("none", *ENGINE_VARIANTS, *CE_VARIANTS)
+assert VARIANTS == REJECTIONS, "parity/axes.py REJECTIONS and this module's variants must list the same names"
+
+
+def _vocab(value, tp: int) -> int:
+    return value(tp) if callable(value) else value
+
+
+class _Config(EngineHead):
+    """Only for EngineHead.ds_config: the engine settings every training subject uses."""
+    name = "_ds_reject_config"
+
+    def __init__(self, tp_config):
+        self._tp_config = tp_config
+
+    def tensor_parallel_config(self, values):
+        return self._tp_config
+
+    def claims(self, values):  # pragma: no cover - never a subject
+        raise NotImplementedError
+
+
+class DeepSpeedRejection(Subject):
+    name = "ds_reject"
+    description = ("DeepSpeed's documented error paths: deepspeed.initialize (or the vocabulary-parallel CE) "
+                   "with a model or config it must refuse, on every rank alike.")
+    axes = {"variant": VARIANTS[1:], "tp": None, "device": None}
+    clean_state = CLEAN_STATE
+
+    def claims(self, values):
+        return Claims(module_types={}, param_shards={})
+
+    def model_spec(self, values):
+        variant = ENGINE_VARIANTS[values["variant"]]
+        return ModelSpec(vocab=_vocab(variant.vocab, values["tp"]), hidden=HIDDEN, tied=variant.tied)
+
+    def training_spec(self, values):
+        return TrainingSpec(steps=1, micro_batches=1)
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        setup_deepspeed(ctx)
+        return reset_deepspeed_state()
+
+    def run_rank(self, values, ctx):
+        setup_deepspeed(ctx)
+        name = values["variant"]
+        if name in ENGINE_VARIANTS:
+            self._initialize(ENGINE_VARIANTS[name], values, ctx)
+        else:
+            self._cross_entropy(CE_VARIANTS[name], values, ctx)
+        raise AssertionError(f"variant {name!r} was accepted: DeepSpeed raised nothing")
+
+    def _initialize(self, variant: EngineVariant, values, ctx):
+        import deepspeed
+
+        tp = values["tp"]
+        install_tp_groups(ctx, tp)
+        spec, train = self.model_spec(values), self.training_spec(values)
+        model = variant.build(spec).to(ctx.device)
+        config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32"}, train)
+        if "tp_size_plus" in variant.extra:
+            config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
+        engine.destroy()
+
+    def _cross_entropy(self, variant: CEVariant, values, ctx):
+        from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
+        from deepspeed.sequence.linear_cross_entropy import vocab_parallel_linear_cross_entropy
+
+        from parity.partition import shard_slice
+        from parity.subjects.liger_ce import tp_group
+
+        tp = values["tp"]
+        group = tp_group(ctx, tp)
+        tp_rank = ctx.tp_dp(tp)[0]
+        vocab = _vocab(variant.vocab, tp)
+        part = shard_slice(vocab, tp, tp_rank)
+        gen = torch.Generator().manual_seed(SEED)
+        targets = torch.randint(0, max(vocab, 1), (TOKENS,), generator=gen)
+        if variant.target_out_of_range:
+            targets[3] = vocab  # one past the last vocabulary row, on every rank alike
+        bounds = {"explicit": {"vocab_start_index": part.start, "vocab_end_index": part.stop},
+                  "none": {},
+                  "start_only": {"vocab_start_index": part.start},
+                  "all_zero": {"vocab_start_index": 0, "vocab_end_index": part.stop - part.start}}[variant.bounds]
+        kwargs = {"tp_group": group, "ignore_index": IGNORE_INDEX, **bounds, **variant.kwargs}
+        if variant.fused:
+            hidden = torch.randn(TOKENS, 16, generator=gen)
+            weight = torch.randn(vocab, 16, generator=gen)[part].contiguous()
+            vocab_parallel_linear_cross_entropy(hidden.to(ctx.device), weight.to(ctx.device),
+                                                targets.to(ctx.device), **kwargs)
+        else:
+            logits = torch.randn(TOKENS, vocab, generator=gen)[:, part].contiguous()
+            vocab_parallel_cross_entropy(logits.to(ctx.device), targets.to(ctx.device), **kwargs)
+
+
+SUBJECTS = [DeepSpeedRejection()]
