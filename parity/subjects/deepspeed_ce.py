@@ -14,22 +14,16 @@ DeepSpeed state, so there is nothing to reset.
 from __future__ import annotations
 
 import dataclasses
-from importlib.util import find_spec
-
-import torch
 
 from parity.observations import RankObservations
 from parity.partition import shard_slice
 from parity.subjects.base import Claims, Subject
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
-from parity.subjects.liger_ce import backward_claims, loss_observations, tp_group
-from parity.subjects.loss_backward import differentiate
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
 from parity.tolerances import DTYPES
-from references.cross_entropy import (ce_inputs, ce_reference, linear_ce_inputs, linear_ce_reference,
-                                      upstream_objective)
+from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 
-SEED, TOKENS, IGNORE_INDEX = 4321, 24, -100
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
 
 
@@ -38,49 +32,23 @@ def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
     return part, part.start, part.stop
 
 
-class DeepSpeedVocabParallelCE(Subject):
+class DeepSpeedVocabParallelCE(LogitsCE):
     name = "ds_vocab_ce"
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
             "device": None, "backward": None}
     defaults = {"reduction": "none"}
 
-    def claims(self, values):
-        return backward_claims(values)
-
-    def training_spec(self, values):
-        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
-
-    def reference(self, values, compute_dtype=None):
-        return ce_reference(SEED, TOKENS, values["vocab"], values["ignore"], DTYPES[values["dtype"]], compute_dtype,
-                            IGNORE_INDEX, reduction=values["reduction"], backward=values.get("backward", "once"))
-
-    def run_rank(self, values, ctx):
+    def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
 
         setup_deepspeed(ctx)
-        tp, vocab, reduction = values["tp"], values["vocab"], values["reduction"]
-        group = tp_group(ctx, tp)
-        tp_rank, dp_rank = ctx.tp_dp(tp)
-        part, start, end = _bounds(vocab, tp, tp_rank)
-        logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
-                                              IGNORE_INDEX)
-        local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
-        loss = vocab_parallel_cross_entropy(local, targets.to(ctx.device), tp_group=group, vocab_start_index=start,
-                                            vocab_end_index=end, ignore_index=IGNORE_INDEX, reduction=reduction,
-                                            backend="torch")
-        grad, hvp = differentiate(upstream_objective(loss, upstream.to(ctx.device), reduction), local,
-                                  values.get("backward", "once"), SEED, vocab, part)
-        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.record("loss", 0, 0, None, loss)
-        obs.record("logits_grad", 0, 0, None, grad)
-        if hvp is not None:
-            obs.record("logits_hvp", 0, 0, None, hvp)
-        obs.record("logits_after", 0, 0, None, local.detach())
-        return obs
+        return vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
+                                            vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
+                                            reduction=values["reduction"], backend="torch")
 
 
-class DeepSpeedLigerGuardedCE(Subject):
+class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     """DeepSpeed's Liger backend of vocab_parallel_cross_entropy: Liger's kernel behind DeepSpeed's
     backward guard (one first-order backward per forward, else RuntimeError).
 
@@ -95,53 +63,26 @@ class DeepSpeedLigerGuardedCE(Subject):
                    "one-backward guard) on equal vocabulary shards, per-token losses")
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None}
 
-    def markers(self, values):
-        return super().markers(values) + ["liger"]
-
-    def unavailable_reason(self, values):
-        if values["vocab"] % values["tp"]:
-            return "Liger assumes equal vocabulary shards; this vocabulary does not divide by tp"
-        if find_spec("liger_kernel") is None:
-            return "liger-kernel is not installed (pip install -e '.[liger]')"
-        return super().unavailable_reason(values)
-
     def claims(self, values):
-        claims = backward_claims(values)
+        claims = super().claims(values)
         if values.get("device") == "cuda":
             claims = dataclasses.replace(claims, loss_backend="liger")
         return claims
 
-    def training_spec(self, values):
-        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
-
-    def reference(self, values, compute_dtype=None):
-        return ce_reference(SEED, TOKENS, values["vocab"], values["ignore"], DTYPES[values["dtype"]], compute_dtype,
-                            IGNORE_INDEX, backward=values.get("backward", "once"))
-
-    def run_rank(self, values, ctx):
+    def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence import cross_entropy as ce
 
         setup_deepspeed(ctx)
-        tp, vocab = values["tp"], values["vocab"]
-        group = tp_group(ctx, tp)
-        tp_rank, dp_rank = ctx.tp_dp(tp)
-        part, start, end = _bounds(vocab, tp, tp_rank)
-        logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
-                                              IGNORE_INDEX)
-        local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
-        targets = targets.to(ctx.device)
-        if values.get("device") == "cuda":
-            log: list = []
-            with record_loss_backend(log):
-                loss = ce.vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=start,
-                                                       vocab_end_index=end, ignore_index=IGNORE_INDEX,
-                                                       reduction="none", backend="liger")
-        else:
-            log = ["liger"]
-            loss = ce._liger_vocab_cross_entropy(local, targets, group, IGNORE_INDEX)
-        obs = loss_observations(ctx, tp_rank, dp_rank, loss, local, upstream, values, vocab, part)
+        if values.get("device") != "cuda":
+            obs.facts["loss_backend"] = {(0, 0): ["liger"]}
+            return ce._liger_vocab_cross_entropy(local, targets, group, IGNORE_INDEX)
+        log: list = []
+        with record_loss_backend(log):
+            loss = ce.vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
+                                                   vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
+                                                   reduction="none", backend="liger")
         obs.facts["loss_backend"] = {(0, 0): log}
-        return obs
+        return loss
 
 
 class DeepSpeedFusedLinearCE(Subject):

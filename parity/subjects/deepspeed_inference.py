@@ -41,7 +41,7 @@ def inference_group(ctx: RankContext, tp: int):
     """InferenceEngine makes its TP group once per process, ``new_group(range(tp_size))``, and caches it
     on the class (``InferenceEngine.inference_mp_group``) for every later engine whatever its tp_size.
     One plain group per TP size is made here and installed before each case instead."""
-    from parity.subjects.liger_ce import tp_group
+    from parity.subjects.loss_only import tp_group
 
     return tp_group(ctx, tp)
 

@@ -247,7 +247,7 @@ class DeepSpeedRejection(Subject):
         from deepspeed.sequence.linear_cross_entropy import vocab_parallel_linear_cross_entropy
 
         from parity.partition import shard_slice
-        from parity.subjects.liger_ce import tp_group
+        from parity.subjects.loss_only import tp_group
 
         tp = values["tp"]
         group = tp_group(ctx, tp)

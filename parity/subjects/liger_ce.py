@@ -6,91 +6,18 @@ kernels run in Triton's interpreter (small shapes only). Liger assumes equal sha
 """
 from __future__ import annotations
 
-from importlib.util import find_spec
-
-import torch
-
-from parity.observations import RankObservations
-from parity.partition import shard_sizes, shard_slice
-from parity.subjects.base import Claims, RankContext, Subject
-from parity.tolerances import DTYPES
-from parity.subjects.loss_backward import differentiate
-from references.cross_entropy import ce_inputs, ce_reference
-from references.trajectory import TrainingSpec
-
-SEED, TOKENS, IGNORE_INDEX = 4321, 24, -100
+from parity.subjects.loss_only import IGNORE_INDEX, TOKENS, LigerShards, LogitsCE
 
 
-def tp_group(ctx: RankContext, tp: int):
-    """One process group per TP size, made once per process (new_group is collective and not free)."""
-    import torch.distributed as dist
-
-    groups = ctx.state.setdefault("plain_tp_groups", {})
-    if tp not in groups:
-        made = [dist.new_group(list(range(start, start + tp))) for start in range(0, ctx.world_size, tp)]
-        groups[tp] = made[ctx.rank // tp]
-    return groups[tp]
-
-
-def backward_claims(values: dict) -> Claims:
-    """Loss-only records; a create_graph case also records the Hessian-vector product (sharded)."""
-    records = {"loss": None, "logits_grad": -1, "logits_after": -1}
-    if values.get("backward", "once") == "create_graph":
-        records["logits_hvp"] = -1
-    return Claims(module_types={}, param_shards={}, micro_records=records, exact_records=("logits_after",))
-
-
-class LigerVocabParallelCE(Subject):
+class LigerVocabParallelCE(LigerShards, LogitsCE):
     name = "liger_vocab_ce"
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None}
 
-    def markers(self, values):
-        return super().markers(values) + ["liger"]
-
-    def unavailable_reason(self, values):
-        if values["vocab"] % values["tp"]:
-            return "Liger assumes equal vocabulary shards; this vocabulary does not divide by tp"
-        if find_spec("liger_kernel") is None:
-            return "liger-kernel is not installed (pip install -e '.[liger]')"
-        return super().unavailable_reason(values)
-
-    def claims(self, values):
-        return backward_claims(values)
-
-    def training_spec(self, values):
-        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
-
-    def reference(self, values, compute_dtype=None):
-        return ce_reference(SEED, TOKENS, values["vocab"], values["ignore"], DTYPES[values["dtype"]], compute_dtype,
-                            IGNORE_INDEX, backward=values.get("backward", "once"))
-
-    def run_rank(self, values, ctx):
+    def loss(self, values, ctx, local, targets, group, part, obs):
         from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
 
-        tp = values["tp"]
-        group = tp_group(ctx, tp)
-        tp_rank, dp_rank = ctx.tp_dp(tp)
-        vocab = values["vocab"]
-        local_vocab = shard_sizes(vocab, tp)[tp_rank]
-        logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
-                                              IGNORE_INDEX)
-        part = shard_slice(vocab, tp, tp_rank)
-        local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
-        loss = LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab),
-                                                  targets.to(ctx.device).view(TOKENS, 1), group, IGNORE_INDEX,
-                                                  0.0, "pytorch", "global").view(TOKENS)
-        return loss_observations(ctx, tp_rank, dp_rank, loss, local, upstream, values, vocab, part)
-
-
-def loss_observations(ctx, tp_rank, dp_rank, loss, local, upstream, values, vocab, part) -> RankObservations:
-    """Per-token loss -> the backward axis's records (objective: the per-token weighted sum)."""
-    objective = (loss * upstream.to(ctx.device, loss.dtype)).sum()
-    grad, hvp = differentiate(objective, local, values.get("backward", "once"), SEED, vocab, part)
-    obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-    obs.record("loss", 0, 0, None, loss)
-    obs.record("logits_grad", 0, 0, None, grad)
-    if hvp is not None:
-        obs.record("logits_hvp", 0, 0, None, hvp)
-    obs.record("logits_after", 0, 0, None, local.detach())
-    return obs
+        local_vocab = local.shape[-1]
+        # Liger's layout is [seq, batch, vocab]; it returns per-token fp32 losses.
+        return LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab), targets.view(TOKENS, 1), group,
+                                                  IGNORE_INDEX, 0.0, "pytorch", "global").view(TOKENS)

@@ -1,0 +1,85 @@
+"""What the loss-only subjects share: one forward and backward of a CE on vocabulary shards.
+
+Every such subject takes the same seeded logits and targets (references/cross_entropy.py), slices
+its rank's vocabulary block with the suite's partition formula, and reports the loss, the logits
+gradient (under the backward axis), and the input logits afterwards (which must be untouched).
+"""
+from __future__ import annotations
+
+from importlib.util import find_spec
+
+from parity.observations import RankObservations
+from parity.partition import shard_slice
+from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.loss_backward import differentiate
+from parity.tolerances import DTYPES
+from references.cross_entropy import ce_inputs, ce_reference, upstream_objective
+from references.trajectory import TrainingSpec
+
+SEED, TOKENS, IGNORE_INDEX = 4321, 24, -100
+
+
+def tp_group(ctx: RankContext, tp: int):
+    """One process group per TP size, made once per process (new_group is collective and not free)."""
+    import torch.distributed as dist
+
+    groups = ctx.state.setdefault("plain_tp_groups", {})
+    if tp not in groups:
+        made = [dist.new_group(list(range(start, start + tp))) for start in range(0, ctx.world_size, tp)]
+        groups[tp] = made[ctx.rank // tp]
+    return groups[tp]
+
+
+class LogitsCE(Subject):
+    """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``)."""
+
+    def claims(self, values):
+        records = {"loss": None, "logits_grad": -1, "logits_after": -1}
+        if values.get("backward", "once") == "create_graph":
+            records["logits_hvp"] = -1  # the Hessian-vector product, sharded like the logits
+        return Claims(module_types={}, param_shards={}, micro_records=records, exact_records=("logits_after",))
+
+    def training_spec(self, values):
+        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
+
+    def reference(self, values, compute_dtype=None):
+        return ce_reference(SEED, TOKENS, values["vocab"], values["ignore"], DTYPES[values["dtype"]], compute_dtype,
+                            IGNORE_INDEX, reduction=values.get("reduction", "none"),
+                            backward=values.get("backward", "once"))
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
+        raise NotImplementedError
+
+    def run_rank(self, values, ctx):
+        tp, vocab = values["tp"], values["vocab"]
+        group = tp_group(ctx, tp)
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        part = shard_slice(vocab, tp, tp_rank)
+        logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
+                                              IGNORE_INDEX)
+        local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
+        objective = upstream_objective(loss, upstream.to(ctx.device), values.get("reduction", "none"))
+        grad, hvp = differentiate(objective, local, values.get("backward", "once"), SEED, vocab, part)
+        obs.record("loss", 0, 0, None, loss)
+        obs.record("logits_grad", 0, 0, None, grad)
+        if hvp is not None:
+            obs.record("logits_hvp", 0, 0, None, hvp)
+        obs.record("logits_after", 0, 0, None, local.detach())
+        return obs
+
+
+class LigerShards:
+    """Liger assumes equal vocabulary shards (vocab_start = rank * local_vocab) and needs the package."""
+
+    def markers(self, values):
+        return super().markers(values) + ["liger"]
+
+    def unavailable_reason(self, values):
+        if values["vocab"] % values["tp"]:
+            return "Liger assumes equal vocabulary shards; this vocabulary does not divide by tp"
+        if find_spec("liger_kernel") is None:
+            return "liger-kernel is not installed (pip install -e '.[liger]')"
+        return super().unavailable_reason(values)
