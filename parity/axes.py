@@ -83,4 +83,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "the head (tied subjects only)"),
     Axis("variant", REJECTIONS, "none", str, quiet_default=True,
          help="which documented DeepSpeed error path a rejection case drives (ds_reject only)"),
+    Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
+         help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
+         quiet_default=True),
 ]}

@@ -182,8 +182,9 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
 
     divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
-    if divergence and expect.is_error:
-        raise CaseFileError(path, f"{where}.known_divergence", "cannot be combined with expect.error")
+    if divergence and expect.is_error and divergence.checks:
+        # A rejection that does not happen is the whole divergence: there are no checks to name.
+        raise CaseFileError(path, f"{where}.known_divergence.checks", "not allowed with expect.error")
 
     markers = table.get("markers", [])
     if not isinstance(markers, list) or not all(isinstance(m, str) and m.isidentifier() for m in markers):

@@ -104,8 +104,15 @@ class Runner:
             elif err.type != want.error or want.match not in err.message:
                 problems.append(f"rank {rank} raised {err.type}: {err.message.splitlines()[0] if err.message else ''!s}"
                                 f" (expected {want.error} matching {want.match!r})")
+        known = case.divergence
+        if problems and known:
+            return Verdict(case, DIVERGED, rank_errors=outcome.errors,
+                           reason=f"known divergence: {known.reason} (repro: {known.repro}); {problems[0]}")
         if problems:
             return Verdict(case, FAILED, reason="; ".join(problems), rank_errors=outcome.errors)
+        if known:
+            reason = f"known divergence no longer reproduces ({known.repro}): every rank raised {want.error}"
+            return Verdict(case, FAILED if self.strict else XPASSED, reason=reason)
         return Verdict(case, PASSED, reason=f"every rank raised {want.error} matching {want.match!r}")
 
 

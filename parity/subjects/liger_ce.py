@@ -12,7 +12,8 @@ from parity.subjects.loss_only import IGNORE_INDEX, TOKENS, LigerShards, LogitsC
 class LigerVocabParallelCE(LigerShards, LogitsCE):
     name = "liger_vocab_ce"
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
-    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None}
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
+            "targets": None}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction

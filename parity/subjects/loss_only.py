@@ -58,6 +58,8 @@ class LogitsCE(Subject):
         part = shard_slice(vocab, tp, tp_rank)
         logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
                                               IGNORE_INDEX)
+        if values.get("targets", "valid") == "out_of_range":
+            targets[2] = vocab  # one past the last row: no shard owns it
         local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
