@@ -99,6 +99,10 @@ class RankPool:
             dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
             if dead or time.monotonic() > deadline:
                 why = f"rank {dead[0]} exited with code {self.procs[dead[0]].exitcode}" if dead else "start timed out"
+                if dead and all(_tail(log, 0) == "" for log in self.logs):
+                    # Spawn re-imports the parent's modules before rank_main opens its log, so an
+                    # import error lands on the parent's stderr, not in the rank log.
+                    why += " before opening its log (an import error? see the traceback printed above)"
                 detail = "\n".join(f"--- rank {r} log ---\n{_tail(self.logs[r], 0)}" for r in range(self.world_size))
                 self.close(force=True)
                 raise PoolStartError(f"rank group of {self.world_size} failed to start: {why}\n{detail}")
