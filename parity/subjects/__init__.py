@@ -14,11 +14,13 @@ from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedVocabP
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
+from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedFusedLinearCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding()]}
+                                TiedRowParallelHead(), TiedVocabParallelHead(), DirectVocabParallelEmbedding(),
+                                HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
