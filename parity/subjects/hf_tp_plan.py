@@ -271,7 +271,10 @@ class HFPlanTiedHead(HFPlanHead):
         return dataclasses.replace(super().model_spec(values), tied=True)
 
     def build(self, values, dtype):
-        return super().build({**values, "tied": True}, dtype)
+        model = super().build({**values, "tied": True}, dtype)
+        # transformers 5.24 writes this entry itself; stated here so the case does not depend on it.
+        model._tp_plan = {**model._tp_plan, "model.embed_tokens": "embedding_rowwise"}
+        return model
 
     def vocab_parallel(self, values) -> bool:
         return values.get("vocab_parallel_lm_head", "unset") in ("true", "unset")
