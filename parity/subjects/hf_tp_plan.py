@@ -176,7 +176,7 @@ class HFPlanHead(EngineHead):
         spec, train = self.model_spec(values), self.training_spec(values)
         model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["hf_tp_plan"] = dict(importlib_plan(model))
+        obs.facts["hf_tp_plan"] = dict(effective_hf_plan(model))
         backend_log: list = []
         claims = self.claims(values)
         with record_loss_backend(backend_log):
@@ -220,7 +220,7 @@ class HFPlanHead(EngineHead):
         return obs
 
 
-def importlib_plan(model) -> dict:
+def effective_hf_plan(model) -> dict:
     from deepspeed.runtime.tensor_parallel.config import _get_hf_tp_plan
 
     return _get_hf_tp_plan(model) or {}
