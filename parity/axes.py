@@ -78,6 +78,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("padding", ("none", "first", "last"), "none", lambda v: {"none": "nopad", "first": "pad0",
                                                                    "last": "padlast"}[v],
          help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects only)"),
+    Axis("hf_head", ("colwise_gather_output", "colwise_rep", "rowwise"), "colwise_gather_output",
+         lambda v: f"plan_{v}", help="the HF tp_plan style given to lm_head (hf_tp_plan subjects only)"),
+    Axis("vocab_parallel_lm_head", ("true", "false", "unset"), "unset", lambda v: f"vplm_{v}",
+         help="tensor_parallel.vocab_parallel_lm_head: true, false, or left out (None: DeepSpeed's auto path "
+              "for a tied head with an embedding_rowwise plan; hf_tp_plan subjects only)"),
     Axis("embed_spec", ("none", "row", "column"), "none", lambda v: f"espec_{v}",
          help="an explicit partition_config spec for embed_tokens.weight, visited by the AutoTP walk before "
               "the head (tied subjects only)"),

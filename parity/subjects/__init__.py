@@ -17,13 +17,15 @@ from parity.subjects.deepspeed_inference import InferenceHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
+from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(),
                                 DeepSpeedFusedLinearCE(), TiedRowParallelHead(), TiedVocabParallelHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
-                                DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead()]}
+                                DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
+                                HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

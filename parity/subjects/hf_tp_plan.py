@@ -1,0 +1,299 @@
+"""DeepSpeed 0.19.8 AutoTP driven by a HuggingFace model's own tp_plan (no partition_config).
+
+The model is a tiny ``LlamaForCausalLM`` built locally from a ``LlamaConfig`` (no hub access): one
+decoder layer, hidden 32, 2 attention heads = 2 kv heads, intermediate 64, eager attention, no biases.
+With ``tensor_parallel.partition_config`` absent and autotp_size > 1, the engine
+(``runtime/engine.py``, ``_apply_autotp_partitioning``) reads the plan with ``_get_hf_tp_plan``,
+which merges ``config.base_model_tp_plan`` (attention/MLP: q/k/v, gate/up ``colwise``, o/down
+``rowwise``), the class plan (``lm_head: colwise_gather_output``) and the instance plan that
+transformers 5.24 writes in ``post_init`` (which adds ``model.embed_tokens: embedding_rowwise`` for
+every model, tied or not). ``TPPlanConverter`` turns it into layer specs:
+colwise -> column, colwise_rep / colwise_gather_output -> column with gather_output, rowwise -> row,
+embedding_rowwise -> skip (the tied vocab-parallel path handles the embedding itself).
+
+Subjects (the head's style is set through the instance plan, ``model._tp_plan["lm_head"]``, the
+last of the three plans ``_get_hf_tp_plan`` merges, so it wins):
+- ``hf_plan_column``: lm_head ``colwise_gather_output`` or its old name ``colwise_rep`` ->
+  ``LinearLayer`` (gather_output) with full logits, HF's own loss.
+- ``hf_plan_row``: lm_head ``rowwise`` -> ``LinearAllreduceWithReplicatedInput`` (weight sharded on
+  hidden), full logits, HF's own loss.
+- ``hf_plan_tied``: tied embeddings, the default plan (lm_head ``colwise_gather_output`` +
+  ``embedding_rowwise``), ``vocab_parallel_lm_head`` true / false / unset. true and unset (None: the
+  engine's auto path, because the tied head's embedding is planned ``embedding_rowwise``) ->
+  ``VocabParallelLinear`` + ``VocabParallelEmbedding`` sharing one vocab shard, local logits,
+  ``VocabParallelCausalLMLoss``. false -> AutoTP's gathered-column tie fallback
+  (``_configure_gathered_column_tie_fallbacks``) keeps lm_head and embed_tokens replicated, tied.
+
+In every subject the plan also shards attention and MLP; claims declare each of those parameters
+(column: dim 0, row: dim 1). With hidden 32, intermediate 64 and 2 kv heads at TP=2 every one of
+those splits is even, so DeepSpeed's kv-head branch and the suite's near-even formula agree.
+
+Reference: the same transformers model, built from the same seed in the parent (which imports
+transformers, never deepspeed), trained unsharded at the case dtype and in float64. Its logits come
+from the HF forward (labels not passed); its loss is the suite's own CE (references/loss.py), so the
+HF loss that the column/row subjects run is compared against independent code. Training semantics
+are references/trajectory.py's (dp 1, no clipping).
+"""
+from __future__ import annotations
+
+import dataclasses
+from importlib.util import find_spec
+
+import torch
+
+from parity.observations import RankObservations
+from parity.subjects.base import Claims, RankContext
+from parity.subjects.deepspeed_autotp import (EngineHead, _attribute, install_tp_groups, record_loss_backend,
+                                              record_weights, setup_deepspeed)
+from parity.tolerances import DTYPES
+from references.data import count_items
+from references.loss import causal_lm_loss
+from references.sgd import SGD
+from references.trajectory import Trajectory
+
+HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ignore": None, "zero": (0, 1, 2),
+           "gas": None, "tp": (2,), "device": None}
+HIDDEN, INTERMEDIATE, HEADS, LAYERS = 32, 64, 2, 1
+INIT_STD = 0.1  # HF's default 0.02 gives near-uniform softmaxes; 0.1 keeps every check away from zero
+
+COLUMN_PARAMS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW_PARAMS = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
+    """Initial weights depend only on (values, seed): drawn in fp32, then cast (as references.tiny_lm)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=values["vocab"], hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                         tie_word_embeddings=values.get("tied", False), initializer_range=INIT_STD,
+                         attn_implementation="eager")
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(gen_state)
+    return model.to(dtype)
+
+
+def capture_lm_head_input_grad(model, sink: dict) -> None:
+    def pre_hook(module, args):
+        args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
+
+    model.lm_head.register_forward_pre_hook(pre_hook)
+
+
+def layer_param_shards() -> dict:
+    shards = {}
+    for layer in range(LAYERS):
+        for name in COLUMN_PARAMS:
+            shards[f"model.layers.{layer}.{name}.weight"] = 0
+        for name in ROW_PARAMS:
+            shards[f"model.layers.{layer}.{name}.weight"] = 1
+    return shards
+
+
+def layer_module_types() -> dict:
+    found = {}
+    for layer in range(LAYERS):
+        found.update({f"model.layers.{layer}.{n}": "LinearLayer" for n in COLUMN_PARAMS})
+        found.update({f"model.layers.{layer}.{n}": "LinearAllreduce" for n in ROW_PARAMS})
+    return found
+
+
+class HFPlanHead(EngineHead):
+    """Engine loop over a HF model: ``engine(input_ids=..., labels=...)`` returns a ModelOutput."""
+
+    axes = HF_AXES
+
+    def lm_head_style(self, values: dict) -> str | None:
+        return None  # None: the plan transformers wrote
+
+    def model_spec(self, values):
+        spec = super().model_spec({**values, "hidden": HIDDEN, "bias": False})
+        return dataclasses.replace(spec, tied=values.get("tied", False))
+
+    def tensor_parallel_config(self, values):
+        # No partition_config: the engine's source priority then takes the HF tp_plan.
+        return {}
+
+    def unavailable_reason(self, values):
+        reason = super().unavailable_reason(values)
+        if reason is None and find_spec("transformers") is None:
+            reason = "transformers is not installed (pip install -e '.[hf]')"
+        return reason
+
+    def build(self, values: dict, dtype: torch.dtype):
+        model = build_hf_model(values, self.training_spec(values).seed, dtype)
+        style = self.lm_head_style(values)
+        if style is not None:
+            model._tp_plan = {**model._tp_plan, "lm_head": style}
+        return model
+
+    # -- parent: the unsharded reference -------------------------------------------------------
+    def reference(self, values: dict, compute_dtype=None) -> Trajectory:
+        case_dtype = DTYPES[values["dtype"]]
+        dtype = compute_dtype or case_dtype
+        spec, train = self.model_spec(values), self.training_spec(values)
+        model = self.build(values, case_dtype).to(dtype)
+        low_precision = dtype in (torch.bfloat16, torch.float16)
+        params = dict(model.named_parameters())  # a tied head appears once, as model.embed_tokens.weight
+        optimizer = SGD(params, train.lr, torch.float32 if low_precision else None)
+        traj = Trajectory()
+        for name, p in params.items():
+            traj.put("weight", -1, None, None, name, p)
+        captured = {}
+        capture_lm_head_input_grad(model, captured)
+        for step in range(train.steps):
+            model.zero_grad(set_to_none=True)
+            batches = train.batches(step, 0, spec.vocab, spec.ignore_index)
+            num_items = count_items(batches, spec.ignore_index)
+            for micro, batch in enumerate(batches):
+                logits = model(input_ids=batch["input_ids"]).logits
+                loss = causal_lm_loss(logits, batch["labels"], reduction=spec.reduction,
+                                      ignore_index=spec.ignore_index, num_items_in_batch=num_items)
+                (loss / train.micro_batches).backward()
+                traj.put("logits", step, micro, 0, None, logits)
+                traj.put("loss", step, micro, 0, None, loss)
+                traj.put("head_input_grad", step, micro, 0, None, captured.pop("h"))
+            grads = {name: p.grad.to(torch.float64 if dtype == torch.float64 else torch.float32)
+                     for name, p in params.items()}
+            for name, g in grads.items():
+                traj.put("grad", step, None, None, name, g)
+            optimizer.step(grads)
+            for name, p in params.items():
+                traj.put("weight", step, None, None, name, p)
+        return traj
+
+    # -- ranks ---------------------------------------------------------------------------------
+    def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
+        import deepspeed
+        from deepspeed.utils import safe_get_full_grad
+
+        setup_deepspeed(ctx)
+        tp = values["tp"]
+        install_tp_groups(ctx, tp)
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        spec, train = self.model_spec(values), self.training_spec(values)
+        model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["hf_tp_plan"] = dict(effective_hf_plan(model))
+        backend_log: list = []
+        claims = self.claims(values)
+        with record_loss_backend(backend_log):
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
+                                              config=self.ds_config(values, train))
+            try:
+                obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
+                                             for path in claims.module_types}
+                obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
+                                              for a, b in claims.shared_params}
+                params = dict(model.named_parameters())
+                record_weights(obs, -1, params, values["zero"])
+                captured = {}
+                capture_lm_head_input_grad(model, captured)
+                backends = {}
+                for step in range(train.steps):
+                    batches = [{k: t.to(ctx.device) for k, t in b.items()}
+                               for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
+                    num_items = count_items(batches, spec.ignore_index)
+                    extra = {"num_items_in_batch": num_items} if spec.reduction == "num_items" else {}
+                    for micro, batch in enumerate(batches):
+                        before = len(backend_log)
+                        out = engine(input_ids=batch["input_ids"], labels=batch["labels"], **extra)
+                        backends[(step, micro)] = backend_log[before:]
+                        obs.record("logits", step, micro, None, out.logits)
+                        obs.record("loss", step, micro, None, out.loss)
+                        engine.backward(out.loss)
+                        obs.record("head_input_grad", step, micro, None, captured.pop("h"))
+                        if engine.is_gradient_accumulation_boundary():
+                            for name, p in params.items():
+                                grad = safe_get_full_grad(p)
+                                if grad is not None:
+                                    obs.record("grad", step, None, name, grad)
+                        engine.step()
+                    obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+                    record_weights(obs, step, params, values["zero"])
+                obs.facts["loss_backend"] = backends
+            finally:
+                engine.destroy()
+        return obs
+
+
+def effective_hf_plan(model) -> dict:
+    from deepspeed.runtime.tensor_parallel.config import _get_hf_tp_plan
+
+    return _get_hf_tp_plan(model) or {}
+
+
+class HFPlanColumnHead(HFPlanHead):
+    name = "hf_plan_column"
+    description = ("HF tp_plan path: lm_head 'colwise_gather_output' (or the old name 'colwise_rep') -> "
+                   "column-parallel LinearLayer with gathered output; attention/MLP sharded by the model's plan; "
+                   "HF's loss on full logits.")
+    axes = {**HF_AXES, "hf_head": ("colwise_gather_output", "colwise_rep")}
+
+    def lm_head_style(self, values):
+        return values.get("hf_head", "colwise_gather_output")
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding",
+                                    **layer_module_types()},
+                      param_shards={"lm_head.weight": 0, **layer_param_shards()})
+
+
+class HFPlanRowHead(HFPlanHead):
+    name = "hf_plan_row"
+    description = ("HF tp_plan path: lm_head 'rowwise' -> LinearAllreduceWithReplicatedInput (weight sharded on "
+                   "hidden), full logits; attention/MLP sharded by the model's plan; HF's loss.")
+    axes = HF_AXES
+
+    def lm_head_style(self, values):
+        return "rowwise"
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "model.embed_tokens": "Embedding",
+                                    **layer_module_types()},
+                      param_shards={"lm_head.weight": 1, **layer_param_shards()})
+
+
+TIED = (("lm_head.weight", "model.embed_tokens.weight"),)
+
+
+class HFPlanTiedHead(HFPlanHead):
+    name = "hf_plan_tied"
+    description = ("HF tp_plan path, tied embeddings, embedding_rowwise + lm_head colwise_gather_output: "
+                   "vocab_parallel_lm_head true/unset -> VocabParallelLinear + VocabParallelEmbedding (one shard, "
+                   "DeepSpeed's CE); false -> head and embedding left replicated and tied.")
+    axes = {**HF_AXES, "vocab_parallel_lm_head": None}
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), tied=True)
+
+    def build(self, values, dtype):
+        model = super().build({**values, "tied": True}, dtype)
+        # transformers 5.24 writes this entry itself; stated here so the case does not depend on it.
+        model._tp_plan = {**model._tp_plan, "model.embed_tokens": "embedding_rowwise"}
+        return model
+
+    def vocab_parallel(self, values) -> bool:
+        return values.get("vocab_parallel_lm_head", "unset") in ("true", "unset")
+
+    def tensor_parallel_config(self, values):
+        setting = values.get("vocab_parallel_lm_head", "unset")
+        return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
+
+    def claims(self, values):
+        layers = {"module_types": layer_module_types(), "param_shards": layer_param_shards()}
+        if self.vocab_parallel(values):
+            return Claims(module_types={"lm_head": "VocabParallelLinear", "model.embed_tokens": "VocabParallelEmbedding",
+                                        "loss_function": "VocabParallelCausalLMLoss", **layers["module_types"]},
+                          param_shards={"model.embed_tokens.weight": 0, **layers["param_shards"]},
+                          micro_records={"logits": -1, "loss": None, "head_input_grad": None},
+                          loss_backend="torch", shared_params=TIED)
+        return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **layers["module_types"]},
+                      param_shards={"model.embed_tokens.weight": None, **layers["param_shards"]},
+                      shared_params=TIED)
+
+
+SUBJECTS = [HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead()]
