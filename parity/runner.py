@@ -72,7 +72,7 @@ class Runner:
             return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
                            rank_errors=outcome.errors)
         reference, oracle = reference_pair(subject, values)
-        checks = compare(subject, values, outcome.observations, reference, oracle)
+        checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
         if not any(c.measured is not None for c in checks):
             return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
         if case.divergence is not None:
@@ -120,4 +120,11 @@ def observed_facts(outcome) -> dict:
                 for b in backends:
                     counts[b] = counts.get(b, 0) + 1
             facts.setdefault("loss_backend_calls", {})[f"rank{rank}"] = counts
+        comm = obs.facts.get("collectives")
+        if comm:  # per micro-batch counts, each distinct set once (usually one for every micro-batch)
+            distinct = []
+            for counts in comm.values():
+                if counts not in distinct:
+                    distinct.append(counts)
+            facts.setdefault("collectives_per_micro", {})[f"rank{rank}"] = distinct
     return facts

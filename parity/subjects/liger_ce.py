@@ -10,6 +10,7 @@ from importlib.util import find_spec
 
 import torch
 
+from parity import collectives
 from parity.observations import RankObservations
 from parity.partition import shard_sizes, shard_slice
 from parity.subjects.base import Claims, RankContext, Subject
@@ -69,11 +70,13 @@ class LigerVocabParallelCE(Subject):
         logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
                                               IGNORE_INDEX)
         local = logits[:, shard_slice(vocab, tp, tp_rank)].to(ctx.device).contiguous().requires_grad_(True)
-        loss = LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab),
-                                                  targets.to(ctx.device).view(TOKENS, 1), group, IGNORE_INDEX,
-                                                  0.0, "pytorch", "global").view(TOKENS)
-        (loss * upstream.to(ctx.device, loss.dtype)).sum().backward()
+        with collectives.recording() as counts:
+            loss = LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab),
+                                                      targets.to(ctx.device).view(TOKENS, 1), group, IGNORE_INDEX,
+                                                      0.0, "pytorch", "global").view(TOKENS)
+            (loss * upstream.to(ctx.device, loss.dtype)).sum().backward()
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)
         obs.record("logits_grad", 0, 0, None, local.grad)
         obs.record("logits_after", 0, 0, None, local.detach())
