@@ -21,7 +21,8 @@ A file holds one or more ``[[matrix]]`` tables:
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
-                                        # (kinds: parity.collectives.KINDS; parity/collectives.py)
+    [matrix.collectives.first]          # on top, on the first micro-batch of the case only (one-time
+    all_gather_into_tensor = 1          # set-up, e.g. a shard-layout validation); parity/collectives.py
 
 Axes not listed take their default. Cases come out in the cartesian order of the subject's axes
 and the file's value order, so the same file gives the same ids in the same order every time.
@@ -103,7 +104,7 @@ class Case:
                 "known_divergence": None if self.divergence is None else {
                     "reason": self.divergence.reason, "repro": self.divergence.repro,
                     "checks": list(self.divergence.checks)},
-                "collectives": dict(self.collectives) or None}
+                "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
 
 
 def case_id(subject: str, values: dict) -> str:
@@ -247,13 +248,16 @@ def _collectives(path, where, table) -> tuple:
 
     if table is None:
         return ()
-    allowed = ", ".join(KINDS) + " (each optionally '@<group size>')"
+    allowed = ", ".join(KINDS) + " (each optionally '@<group size>'), or a [first] table"
     if not isinstance(table, dict) or not table:
         raise CaseFileError(path, where, "must be a non-empty table of kind = count", allowed)
     out = []
     for key, n in table.items():
+        if key == "first":  # extra collectives of the case's first micro-batch only (one-time set-up)
+            out.append(("first", _collectives(path, f"{where}.first", n)))
+            continue
         kind, _, size = key.partition("@")
-        if kind not in KINDS or (_ and not (size.isdigit() and int(size) > 0)):
+        if kind not in KINDS or (_ and not (size.isdigit() and int(size) > 0)) or where.endswith(".first.first"):
             raise CaseFileError(path, f"{where}.{key}", "unknown collective", allowed)
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise CaseFileError(path, f"{where}.{key}", f"bad count {n!r}", "an integer >= 0")

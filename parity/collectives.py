@@ -127,11 +127,15 @@ def ignore_group(group) -> None:
         _ignored_groups.append(group)
 
 
-def expected_counts(declared: dict, tp: int) -> dict:
-    """Case-file declaration -> expected counts: ``kind = n`` means n of kind on a group of size tp;
-    ``"kind@N" = n`` names the group size; zero counts are dropped (absence is what is checked)."""
+def expected_counts(declared: dict, tp: int, first: bool = False) -> dict:
+    """Case-file declaration -> expected counts of one micro-batch: ``kind = n`` means n of kind on a
+    group of size tp; ``"kind@N" = n`` names the group size; a ``first`` table adds its counts on the
+    case's first micro-batch. Zero counts are dropped (absence is what is checked)."""
     out = {}
-    for key, n in declared.items():
+    items = list(declared.items()) + (list(dict(declared.get("first", ())).items()) if first else [])
+    for key, n in items:
+        if key == "first":
+            continue
         full = key if "@" in key else f"{key}@{tp}"
         if n:
             out[full] = out.get(full, 0) + n

@@ -143,7 +143,7 @@ class Comparison:
             return
         from parity.collectives import expected_counts
 
-        want = expected_counts(self.declared_collectives, self.tp)
+        want = expected_counts(self.declared_collectives, self.tp, first=(step, micro) == (0, 0))
         for rank, o in sorted(self.obs.items()):
             seen = o.facts.get("collectives", {}).get((step, micro))
             if seen is None:

@@ -558,12 +558,12 @@ MUTANTS = [
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
            (VOCAB, DS_CE), _ce_forward_mutant(max_mode="local")),
     Mutant("ce_rank0_max",
-           "_VocabParallelCrossEntropy shifts by TP rank 0's local max (broadcast) instead of the global max",
-           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss", (VOCAB,),
-           _ce_forward_mutant(max_mode="rank0"),
-           equivalent="softmax is shift-invariant: any shift that is the same on every rank gives the same "
-                      "loss and gradient; it only loses the overflow guard, which the tiny model's logits "
-                      "(|logit| < 2) never need"),
+           "_VocabParallelCrossEntropy shifts by TP rank 0's local max (a broadcast) instead of the global max "
+           "(a MAX all-reduce); softmax is shift-invariant, so every number agrees (only the overflow guard "
+           "is lost, which |logit| < 2 never needs): numerically equivalent, caught by the collective counts",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward",
+           "collectives (a broadcast instead of an all_reduce; numbers agree)", (VOCAB,),
+           _ce_forward_mutant(max_mode="rank0")),
     Mutant("ce_local_sum_exp",
            "_VocabParallelCrossEntropy uses the local sum of exp as the softmax denominator (SUM all-reduce dropped)",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",

@@ -111,8 +111,8 @@ def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: i
 
 
 def exclude_engine_reduction(engine) -> None:
-    """Keep the engine's own gradient reduction out of the collective counts: it depends on ZeRO and
-    DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
+    """Keep the engine's own collectives out of the counts: its gradient reduction depends on ZeRO
+    and DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
     on the data-parallel group inside backward hooks."""
     from deepspeed.utils import groups
 
@@ -123,6 +123,18 @@ def exclude_engine_reduction(engine) -> None:
             return original(*args, **kwargs)
 
     engine.allreduce_gradients = allreduce_gradients
+    # AutoTP's one-time forward pre-hook that checks the batch is the same on every TP rank
+    # (a broadcast_object_list and an all_reduce on the first forward): the engine's, not the head's.
+    handle = getattr(engine, "first_dataloader_check", None)
+    hooks = engine.module._forward_pre_hooks
+    if handle is not None and handle.id in hooks:
+        hook = hooks[handle.id]
+
+        def paused_hook(*args, **kwargs):
+            with collectives.paused():
+                return hook(*args, **kwargs)
+
+        hooks[handle.id] = paused_hook
     collectives.ignore_group(getattr(engine, "data_parallel_group", None))
     collectives.ignore_group(groups._DATA_PARALLEL_GROUP)
 
