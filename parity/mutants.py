@@ -16,8 +16,8 @@ Where a mutant is applied matters:
   with the suite's own CE (``references.tiny_lm.causal_lm_loss``), so the same wrong CE on both
   sides would agree with itself and the mutant would survive for the wrong reason.
 
-A mutant with ``equivalent`` set is one the current matrix cannot tell from the original, with
-the reason; it is expected to survive, and one that is *killed* means the suite rejected a
+A mutant with ``equivalent`` set (none at present) is one the current matrix cannot tell from the
+original, with the reason; it is expected to survive, and one that is *killed* means the suite rejected a
 correct implementation (a false alarm), which the mutation check also reports as a failure.
 
 Every patched function mirrors the upstream code line for line except for the planted change,
