@@ -18,6 +18,11 @@ A file holds one or more ``[[matrix]]`` tables:
     reason = "why, in a sentence"
     repro = "ci/repro/name.py"          # a standalone script a maintainer can run (must exist)
     checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
+    [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
+    all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
+    "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
+    [matrix.collectives.first]          # on top, on the first micro-batch of the case only (one-time
+    all_gather_into_tensor = 1          # set-up, e.g. a shard-layout validation); parity/collectives.py
 
 Axes not listed take their default. Cases come out in the cartesian order of the subject's axes
 and the file's value order, so the same file gives the same ids in the same order every time.
@@ -32,7 +37,8 @@ from pathlib import Path
 from parity.axes import AXES
 from parity.subjects import SUBJECTS
 
-MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence")
+MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
+               "collectives")
 EXPECT_KEYS = ("error", "match")
 DIVERGENCE_KEYS = ("reason", "repro", "checks")
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
@@ -78,6 +84,7 @@ class Case:
     source: str = ""
     markers: tuple = ()
     divergence: KnownDivergence | None = None
+    collectives: tuple = ()  # ((kind or "kind@N", count), ...) per micro-batch, from [matrix.collectives]
 
     @property
     def values(self) -> dict:
@@ -96,7 +103,8 @@ class Case:
                 else "parity", "markers": list(self.markers),
                 "known_divergence": None if self.divergence is None else {
                     "reason": self.divergence.reason, "repro": self.divergence.repro,
-                    "checks": list(self.divergence.checks)}}
+                    "checks": list(self.divergence.checks)},
+                "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
 
 
 def case_id(subject: str, values: dict) -> str:
@@ -186,6 +194,10 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         # A rejection that does not happen is the whole divergence: there are no checks to name.
         raise CaseFileError(path, f"{where}.known_divergence.checks", "not allowed with expect.error")
 
+    declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
+    if declared and expect.is_error:
+        raise CaseFileError(path, f"{where}.collectives", "cannot be combined with expect.error")
+
     markers = table.get("markers", [])
     if not isinstance(markers, list) or not all(isinstance(m, str) and m.isidentifier() for m in markers):
         raise CaseFileError(path, f"{where}.markers", "must be a list of identifiers", "e.g. [\"slow\"]")
@@ -198,7 +210,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         if onlys is not None and not any(_matches(r, values) for r in onlys):
             continue
         cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
-                          expect=expect, source=f"{path}:{where}", divergence=divergence,
+                          expect=expect, source=f"{path}:{where}", divergence=divergence, collectives=declared,
                           markers=tuple(subject.markers(values)) + tuple(markers)))
     if not cases:
         raise CaseFileError(path, where, "expands to no cases (check axes, exclude and only)")
@@ -230,6 +242,28 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
         raise CaseFileError(path, f"{where}.checks", "must be a list of check names")
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks))
+
+
+def _collectives(path, where, table) -> tuple:
+    from parity.collectives import KINDS
+
+    if table is None:
+        return ()
+    allowed = ", ".join(KINDS) + " (each optionally '@<group size>'), or a [first] table"
+    if not isinstance(table, dict) or not table:
+        raise CaseFileError(path, where, "must be a non-empty table of kind = count", allowed)
+    out = []
+    for key, n in table.items():
+        if key == "first":  # extra collectives of the case's first micro-batch only (one-time set-up)
+            out.append(("first", _collectives(path, f"{where}.first", n)))
+            continue
+        kind, _, size = key.partition("@")
+        if kind not in KINDS or (_ and not (size.isdigit() and int(size) > 0)) or where.endswith(".first.first"):
+            raise CaseFileError(path, f"{where}.{key}", "unknown collective", allowed)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise CaseFileError(path, f"{where}.{key}", f"bad count {n!r}", "an integer >= 0")
+        out.append((key, n))
+    return tuple(out)
 
 
 def load_file(path) -> list[Case]:

@@ -57,8 +57,10 @@ def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int
 
 
 class Comparison:
-    def __init__(self, subject, values: dict, observations: dict, reference: Trajectory, oracle: Trajectory):
+    def __init__(self, subject, values: dict, observations: dict, reference: Trajectory, oracle: Trajectory,
+                 collectives: dict | None = None):
         self.subject, self.values = subject, values
+        self.declared_collectives = collectives or {}  # case file's [matrix.collectives]
         self.obs = observations  # rank -> RankObservations
         self.reference, self.oracle = reference, oracle
         self.claims = subject.claims(values)
@@ -106,6 +108,7 @@ class Comparison:
         for step in range(self.train.steps):
             for micro in range(self.train.micro_batches):
                 self.check_micro(step, micro)
+                self.check_collectives(step, micro)
             self.check_step(step)
         self.check_replicas_agree()
         return self.checks
@@ -132,6 +135,25 @@ class Comparison:
                          len(ran) == self.train.steps * self.train.micro_batches, rank=rank,
                          detail=f"expected one '{self.claims.loss_backend}' CE call per micro-batch; "
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
+
+    def check_collectives(self, step: int, micro: int) -> None:
+        """Exact collective counts per rank and micro-batch, where the case file declares them: a
+        dropped or extra collective fails even when the numbers agree (parity/collectives.py)."""
+        if not self.declared_collectives:
+            return
+        from parity.collectives import expected_counts
+
+        want = expected_counts(self.declared_collectives, self.tp, first=(step, micro) == (0, 0))
+        for rank, o in sorted(self.obs.items()):
+            seen = o.facts.get("collectives", {}).get((step, micro))
+            if seen is None:
+                self.add("collectives", False, step=step, micro=micro, rank=rank, detail="not observed")
+                continue
+            got = {k: v for k, v in seen.items() if v}
+            diff = {k: f"{got.get(k, 0)} (declared {want.get(k, 0)})" for k in sorted(set(got) | set(want))
+                    if got.get(k, 0) != want.get(k, 0)}
+            self.add("collectives", not diff, step=step, micro=micro, rank=rank,
+                     detail=f"issued {got}" if not diff else f"differs: {diff}; issued {got}, declared {want}")
 
     def _param_view(self, name, array, rank, which: Trajectory):
         dim = self.claims.param_shards.get(name)
@@ -280,8 +302,8 @@ class Comparison:
         self.add("replicas_agree", True, detail="all replicated tensors bitwise equal across ranks")
 
 
-def compare(subject, values, observations, reference, oracle) -> list[Check]:
-    return Comparison(subject, values, observations, reference, oracle).run()
+def compare(subject, values, observations, reference, oracle, collectives=None) -> list[Check]:
+    return Comparison(subject, values, observations, reference, oracle, collectives).run()
 
 
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:

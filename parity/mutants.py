@@ -16,8 +16,8 @@ Where a mutant is applied matters:
   with the suite's own CE (``references.tiny_lm.causal_lm_loss``), so the same wrong CE on both
   sides would agree with itself and the mutant would survive for the wrong reason.
 
-A mutant with ``equivalent`` set is one the current matrix cannot tell from the original, with
-the reason; it is expected to survive, and one that is *killed* means the suite rejected a
+A mutant with ``equivalent`` set (none at present) is one the current matrix cannot tell from the
+original, with the reason; it is expected to survive, and one that is *killed* means the suite rejected a
 correct implementation (a false alarm), which the mutation check also reports as a failure.
 
 Every patched function mirrors the upstream code line for line except for the planted change,
@@ -31,7 +31,14 @@ from typing import Callable
 
 ENV_VAR = "PARITY_MUTANT"
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
-FAMILIES = (COLUMN, VOCAB)
+ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
+EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
+D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
+DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
+HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
+# Every subject of parity.subjects is a family with at least one mutant (tests/test_collectives.py).
+FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
+            DS_LIGER, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED)
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,225 @@ def _linear_weight_detached():
         return output
 
     return _swap(layers.LinearLayer, "forward", forward)
+
+
+def _column_forward_extra_allreduce():
+    layers = _layers()
+    pg_utils, dist = layers.pg_utils, layers.dist
+
+    def forward(ctx, group, input):
+        ctx.group = group
+        if pg_utils.is_parallel(group):
+            # upstream issues no collective here; the input is replicated, so a MAX all-reduce of a
+            # copy leaves every number as it was: a stray synchronizing collective per call
+            dist.all_reduce(input.detach().clone(), op=dist.ReduceOp.MAX, group=group)
+        return input
+
+    return _swap(layers.ColumnParallel, "forward", staticmethod(forward))
+
+
+# -- RowParallel / ScatterToTensorParallelRegion / LinearAllreduce (row-parallel heads) --------------
+
+def _scatter_backward(reduce=True, offset_zero=False):
+    def patch():
+        layers = _layers()
+        pg_utils, dist = layers.pg_utils, layers.dist
+
+        def backward(ctx, grad_output):
+            grad_input = grad_output.new_zeros(ctx.input_shape)
+            offset = 0 if offset_zero else ctx.offset  # upstream: ctx.offset
+            grad_input.narrow(-1, offset, ctx.size).copy_(grad_output)
+            if reduce and pg_utils.is_parallel(ctx.group):  # upstream: always all-reduces
+                dist.all_reduce(grad_input, group=ctx.group)
+            return None, grad_input, None, None
+
+        return _swap(layers.ScatterToTensorParallelRegion, "backward", staticmethod(backward))
+
+    return patch
+
+
+def _row_forward(reduce=True, bias_first=False):
+    def patch():
+        layers = _layers()
+
+        def forward(self, input):
+            self._assert_compiled_if_deferred()
+            output = torch_matmul_t(input, self.weight)
+            if bias_first and self.bias is not None:  # upstream adds the replicated bias after the reduce
+                output = layers.add_bias(output, self.bias)
+            if reduce and not self.defer_collectives_to_compiler:  # upstream: always RowParallel
+                output = layers.RowParallel.apply(self.mp_group, output, not self.is_training_mode())
+            if not bias_first and self.bias is not None:
+                output = layers.add_bias(output, self.bias)
+            return output
+
+        return _swap(layers.LinearAllreduce, "forward", forward)
+
+    return patch
+
+
+def torch_matmul_t(input, weight):
+    import torch
+
+    return torch.matmul(input, weight.transpose(-1, -2))
+
+
+# -- HiddenParallelEmbedding / VocabParallelEmbedding (tied heads, direct embedding) -----------------
+
+def _hidden_embedding_weight_detached():
+    layers = _layers()
+    F = layers.F
+
+    def forward(self, input):
+        self._assert_compiled_if_deferred()
+        output = F.embedding(input, self.weight.detach(),  # upstream: self.weight
+                             padding_idx=self.padding_idx, scale_grad_by_freq=self.scale_grad_by_freq)
+        if self.is_tp_parallel:
+            output = layers.GatherFromTensorParallelRegion.apply(self.mp_group, output, self._partition_sizes)
+        if self.embed_scale is not None:
+            output = output * self.embed_scale.to(self.weight.dtype)
+        return output
+
+    return _swap(layers.HiddenParallelEmbedding, "forward", forward)
+
+
+def _vocab_embedding(first_excluded=False, reduce=True):
+    def patch():
+        layers = _layers()
+        F = layers.F
+
+        def forward(self, input):
+            self._assert_compiled_if_deferred()
+            if not self.is_tp_parallel:
+                output = F.embedding(input, self.weight, padding_idx=self.padding_idx)
+            else:
+                if first_excluded:  # upstream: input < self.vocab_start_index
+                    input_mask = (input <= self.vocab_start_index) | (input >= self.vocab_end_index)
+                else:
+                    input_mask = (input < self.vocab_start_index) | (input >= self.vocab_end_index)
+                local_input = (input - self.vocab_start_index).masked_fill(input_mask, 0)
+                output = F.embedding(local_input, self.weight, padding_idx=self.padding_idx)
+                output = output.masked_fill(input_mask.unsqueeze(-1), 0.0)
+                if reduce:  # upstream: always RowParallel (the all-reduce of the partial lookups)
+                    output = layers.RowParallel.apply(self.mp_group, output, not self.is_training_mode())
+            if self.embed_scale is not None:
+                output = output * self.embed_scale.to(self.weight.dtype)
+            return output
+
+        return _swap(layers.VocabParallelEmbedding, "forward", forward)
+
+    return patch
+
+
+# -- _VocabParallelLinearCrossEntropy (fused linear + CE) --------------------------------------------
+
+def _fused():
+    import importlib
+
+    return importlib.import_module("deepspeed.sequence.linear_cross_entropy")
+
+
+def _fused_forward_mutant(reduce_stats=True, chunk_offset_zero=False):
+    def patch():
+        import torch
+
+        lce = _fused()
+        dist, pg_utils, _fp32_logits = lce.dist, lce.pg_utils, lce._fp32_logits
+        import math
+
+        def forward(ctx, hidden, weight, bias, target, tp_group, vocab_start_index, vocab_end_index, ignore_index,
+                    chunk_rows, compute_dtype):
+            num_tokens = hidden.shape[0]
+            local_vocab_size = weight.shape[0]
+            tp_active = pg_utils.is_parallel(tp_group)
+            hidden_compute = hidden.to(compute_dtype)
+            weight_compute = weight.to(compute_dtype)
+            bias_compute = None if bias is None else bias.to(compute_dtype)
+            valid = target != ignore_index
+            in_shard = valid & (target >= vocab_start_index) & (target < vocab_end_index)
+            local_target = (target - vocab_start_index).clamp(0, local_vocab_size - 1)
+            loss = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
+            row_max = torch.empty_like(loss)
+            row_sum_exp = torch.empty_like(loss)
+            for start in range(0, num_tokens, chunk_rows):
+                end = min(start + chunk_rows, num_tokens)
+                # upstream: the chunk's own targets [start:end]; this one reads them from row 0 on
+                t0, t1 = (0, end - start) if chunk_offset_zero else (start, end)
+                logits = _fp32_logits(hidden_compute[start:end], weight_compute, bias_compute)
+                chunk_max = logits.amax(dim=-1)
+                if tp_active:
+                    dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=tp_group)
+                logits.sub_(chunk_max.unsqueeze(-1))
+                target_logit = logits.gather(-1, local_target[t0:t1].unsqueeze(-1)).squeeze(-1)
+                target_logit = torch.where(in_shard[t0:t1], target_logit, torch.zeros_like(target_logit))
+                stats = torch.stack([logits.exp_().sum(dim=-1), target_logit], dim=-1)
+                if tp_active and reduce_stats:  # upstream: always sums (exp-sum, target logit) over TP
+                    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=tp_group)
+                sum_exp, target_logit = stats.unbind(-1)
+                row_max[start:end] = chunk_max
+                row_sum_exp[start:end] = sum_exp
+                loss[start:end] = torch.where(valid[start:end], sum_exp.log() - target_logit,
+                                              torch.zeros_like(sum_exp))
+            ctx.save_for_backward(hidden, weight, bias, valid, in_shard, local_target, row_max, row_sum_exp)
+            ctx.tp_group = tp_group
+            ctx.compute_dtype = compute_dtype
+            num_chunks = math.ceil(num_tokens / chunk_rows) if num_tokens else 1
+            ctx.block_cols = max(1, math.ceil(local_vocab_size / num_chunks))
+            return loss
+
+        return _swap(lce._VocabParallelLinearCrossEntropy, "forward", staticmethod(forward))
+
+    return patch
+
+
+def _fused_backward_hidden_not_reduced():
+    lce = _fused()
+    cls = lce._VocabParallelLinearCrossEntropy
+    original = cls.__dict__["backward"]
+    pg_utils = lce.pg_utils
+
+    def backward(ctx, grad_loss):
+        # upstream all-reduces the partial hidden gradient over tp_group; make that group look
+        # unparallel to this call only, so every other line runs as upstream
+        real = pg_utils.is_parallel
+        pg_utils.is_parallel = lambda group: False if group is ctx.tp_group else real(group)
+        try:
+            return original.__func__(ctx, grad_loss)
+        finally:
+            pg_utils.is_parallel = real
+
+    return _swap(cls, "backward", staticmethod(backward))
+
+
+# -- LigerVocabParallelCEFunction (Liger-Kernel 0.8.5) -----------------------------------------------
+
+def _liger_function():
+    from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
+
+    return LigerVocabParallelCEFunction
+
+
+def _liger_backward_vocab_start_zero():
+    cls = _liger_function()
+    original = cls.__dict__["forward"].__func__
+
+    def forward(ctx, *args):
+        loss = original(ctx, *args)
+        ctx.vocab_start = 0  # upstream: rank * v_local; every rank's backward takes rank 0's shard start
+        return loss
+
+    return _swap(cls, "forward", staticmethod(forward))
+
+
+def _liger_local_group():
+    cls = _liger_function()
+    original = cls.__dict__["forward"].__func__
+
+    def forward(ctx, logits, target, tp_group, *rest):
+        # upstream passes tp_group: without it every all-reduce is skipped and vocab_start is 0
+        return original(ctx, logits, target, None, *rest)
+
+    return _swap(cls, "forward", staticmethod(forward))
 
 
 # -- _VocabParallelCrossEntropy ---------------------------------------------------------------------
@@ -300,18 +526,52 @@ class _NoDivide:
         return self.value
 
 
+def _inference_head_offset_zero():
+    import torch
+    from deepspeed.module_inject import layers
+
+    def forward(self, input):
+        input_shard_sizes = self._partition_sizes
+        assert sum(input_shard_sizes) == input.shape[-1]
+        input_shard_size = input_shard_sizes[self.tp_index]
+        input_shard_offset = 0  # planted: upstream is sum(input_shard_sizes[0:self.tp_index])
+        output = torch.matmul(input[:, :, input_shard_offset:input_shard_offset + input_shard_size],
+                              self.weight.transpose(-1, -2))
+        if layers.pg_utils.is_parallel(self.mp_group):
+            layers.dist.inference_all_reduce(output, group=self.mp_group)
+        if self.bias is not None:
+            output = layers.add_bias(output, self.bias)
+        return output
+
+    return _swap(layers.LmHeadLinearAllreduce, "forward", forward)
+
+
+def _autotp_accepts_empty_vocab_shard():
+    from deepspeed.module_inject import auto_tp
+
+    def _validate_vocab_parallel_layer(self, child, name):
+        tied_embeddings = self._find_tied_embedding_modules(child)
+        for _, _, embedding, _ in tied_embeddings:
+            auto_tp.VocabParallelEmbedding.validate_embedding(embedding)
+        # planted: upstream raises ValueError("vocab_parallel_lm_head requires nonempty vocabulary
+        # shards ...") here when a shard would be empty
+        return tied_embeddings
+
+    return _swap(auto_tp.AutoTP, "_validate_vocab_parallel_layer", _validate_vocab_parallel_layer)
+
+
 MUTANTS = [
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",
-           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB),
+           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN),
            _column_backward_no_allreduce),
     Mutant("column_backward_world_group",
            "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",
-           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN,),
-           _column_backward_world_group,
-           equivalent="every case runs tp=2 on a world of 2 (dp=1), so the world group IS the TP group; "
-                      "only a DP x TP case (world 4, tp 2) can tell"),
+           "deepspeed.module_inject.layers.ColumnParallel.backward",
+           "head_input_grad at TP=2 x DP=2 (world 4: the other replica's gradient is added in); at dp=1 the "
+           "world group IS the TP group and only this case can tell", (COLUMN,),
+           _column_backward_world_group),
     Mutant("gather_backward_rank0_slice",
            "GatherFromTensorParallelRegion.backward narrows the gathered gradient at offset 0 on every rank: "
            "rank 1 trains its shard with rank 0's logit gradient",
@@ -320,7 +580,7 @@ MUTANTS = [
            (COLUMN,), _gather_backward_rank0_slice),
     Mutant("gather_forward_reversed",
            "GatherFromTensorParallelRegion.forward concatenates the shards in reverse rank order",
-           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.forward", "logits", (COLUMN,),
+           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.forward", "logits", (COLUMN, D_COLUMN, HF_COLUMN),
            _gather_forward_reversed),
     Mutant("bias_not_added", "add_bias returns the matmul output without the (sharded) bias",
            "deepspeed.module_inject.layers.add_bias", "logits (bias cases)", (COLUMN, VOCAB), _add_bias(0)),
@@ -334,40 +594,110 @@ MUTANTS = [
            "_VocabParallelCrossEntropy shifts by each rank's local max (MAX all-reduce dropped): the shards' "
            "exp-sums are added at different scales and the loss adds back a rank-dependent max",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
-           (VOCAB,), _ce_forward_mutant(max_mode="local")),
+           (VOCAB, DS_CE), _ce_forward_mutant(max_mode="local")),
     Mutant("ce_rank0_max",
-           "_VocabParallelCrossEntropy shifts by TP rank 0's local max (broadcast) instead of the global max",
-           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss", (VOCAB,),
-           _ce_forward_mutant(max_mode="rank0"),
-           equivalent="softmax is shift-invariant: any shift that is the same on every rank gives the same "
-                      "loss and gradient; it only loses the overflow guard, which the tiny model's logits "
-                      "(|logit| < 2) never need"),
+           "_VocabParallelCrossEntropy shifts by TP rank 0's local max (a broadcast) instead of the global max "
+           "(a MAX all-reduce); softmax is shift-invariant, so every number agrees (only the overflow guard "
+           "is lost, which |logit| < 2 never needs): numerically equivalent, caught by the collective counts",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward",
+           "collectives (a broadcast instead of an all_reduce; numbers agree)", (VOCAB,),
+           _ce_forward_mutant(max_mode="rank0")),
     Mutant("ce_local_sum_exp",
            "_VocabParallelCrossEntropy uses the local sum of exp as the softmax denominator (SUM all-reduce dropped)",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
-           (VOCAB,), _ce_forward_mutant(reduce_sum=False)),
+           (VOCAB, DS_CE, TIED_VOCAB, D_VOCAB, HF_TIED), _ce_forward_mutant(reduce_sum=False)),
     Mutant("ce_target_logit_not_reduced",
            "_VocabParallelCrossEntropy drops the all-reduce of the predicted (target) logit: ranks that do not own "
            "the target use 0",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
-           (VOCAB,), _ce_forward_mutant(reduce_target=False)),
+           (VOCAB, DS_CE), _ce_forward_mutant(reduce_target=False)),
     Mutant("ce_vocab_start_off_by_one",
            "_VocabParallelCrossEntropy uses vocab_start_index + 1: the first target of each shard belongs to no "
            "rank and the others are looked up one column to the left",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
-           (VOCAB,), _ce_forward_mutant(start_shift=1)),
+           (VOCAB, DS_CE), _ce_forward_mutant(start_shift=1)),
     Mutant("ce_backward_no_target_term",
            "_VocabParallelCrossEntropy.backward returns softmax without subtracting the one-hot target",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.backward", "head_input_grad",
-           (VOCAB,), _ce_backward_no_target_term),
+           (VOCAB, DS_CE), _ce_backward_no_target_term),
     Mutant("ce_mean_counts_ignored",
            "vocab_parallel_cross_entropy's mean divides by every token, ignored ones included",
            "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy", "loss (mean, scattered ignores)",
-           (VOCAB,), _ce_mean_counts_ignored),
+           (VOCAB, DS_CE), _ce_mean_counts_ignored),
     Mutant("causal_loss_ignores_num_items",
            "VocabParallelCausalLMLoss drops num_items_in_batch and returns the micro-batch mean",
            "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (num_items)",
            (VOCAB,), _causal_loss_ignores_num_items),
+    Mutant("column_forward_extra_allreduce",
+           "ColumnParallel.forward issues a MAX all-reduce of (a copy of) its replicated input: every number "
+           "is unchanged, one extra TP collective per head call",
+           "deepspeed.module_inject.layers.ColumnParallel.forward", "collectives (numbers agree)",
+           (COLUMN, VOCAB), _column_forward_extra_allreduce),
+    Mutant("scatter_backward_no_allreduce",
+           "ScatterToTensorParallelRegion.backward returns this rank's zero-padded input-gradient slice without "
+           "the all-reduce: the gradient reaching the row-parallel head's input misses the other hidden slices",
+           "deepspeed.module_inject.layers.ScatterToTensorParallelRegion.backward", "head_input_grad",
+           (ROW, TIED_ROW, D_ROW, HF_ROW), _scatter_backward(reduce=False)),
+    Mutant("scatter_backward_offset_zero",
+           "ScatterToTensorParallelRegion.backward writes every rank's gradient slice at hidden offset 0",
+           "deepspeed.module_inject.layers.ScatterToTensorParallelRegion.backward", "head_input_grad",
+           (ROW,), _scatter_backward(offset_zero=True)),
+    Mutant("row_forward_no_allreduce",
+           "LinearAllreduce.forward skips RowParallel: each rank's logits are its hidden slice's partial sum",
+           "deepspeed.module_inject.layers.LinearAllreduce.forward", "logits",
+           (ROW, TIED_ROW, D_ROW, HF_ROW), _row_forward(reduce=False)),
+    Mutant("row_bias_before_reduce",
+           "LinearAllreduce.forward adds the replicated bias before the all-reduce: the bias is counted tp times",
+           "deepspeed.module_inject.layers.LinearAllreduce.forward", "logits (bias cases)",
+           (ROW, TIED_ROW), _row_forward(bias_first=True)),
+    Mutant("hidden_embedding_weight_detached",
+           "HiddenParallelEmbedding.forward looks up weight.detach(): the tied weight gets the projection's "
+           "gradient only, not the lookup's (the seed PR's own mutation)",
+           "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "grad[embed_tokens.weight]",
+           (TIED_ROW,), _hidden_embedding_weight_detached),
+    Mutant("vocab_embedding_first_row_masked",
+           "VocabParallelEmbedding.forward masks input <= vocab_start (off by one): the first token of every "
+           "shard is looked up by no rank and embeds to zeros",
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
+           (TIED_VOCAB, EMBED), _vocab_embedding(first_excluded=True)),
+    Mutant("vocab_embedding_no_allreduce",
+           "VocabParallelEmbedding.forward returns the masked local lookup without the all-reduce",
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
+           (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
+    Mutant("fused_ce_local_sum_exp",
+           "_VocabParallelLinearCrossEntropy.forward drops the SUM all-reduce of (exp-sum, target logit): local "
+           "denominator, and the target logit only on its owning rank",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward", "loss",
+           (FUSED_CE,), _fused_forward_mutant(reduce_stats=False)),
+    Mutant("fused_ce_chunk_targets_from_row0",
+           "_VocabParallelLinearCrossEntropy.forward reads each token chunk's targets from row 0 instead of the "
+           "chunk start (a chunk-boundary bug: only the first chunk is right)",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward", "loss (chunk 5)",
+           (FUSED_CE,), _fused_forward_mutant(chunk_offset_zero=True)),
+    Mutant("fused_ce_hidden_grad_not_reduced",
+           "_VocabParallelLinearCrossEntropy.backward skips the all-reduce of the partial hidden gradient",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.backward", "hidden_grad",
+           (FUSED_CE,), _fused_backward_hidden_not_reduced),
+    Mutant("liger_backward_vocab_start_zero",
+           "LigerVocabParallelCEFunction's backward takes vocab_start 0 on every rank: rank r>0 subtracts the "
+           "one-hot at targets of rank 0's shard",
+           "liger_kernel.ops.vocab_parallel_cross_entropy.LigerVocabParallelCEFunction.forward (ctx.vocab_start)",
+           "logits_grad", (LIGER_CE, DS_LIGER), _liger_backward_vocab_start_zero),
+    Mutant("liger_no_tp_group",
+           "LigerVocabParallelCEFunction.forward runs without its tp_group: no all-reduce (local max, sum and "
+           "target logit) and vocab_start 0",
+           "liger_kernel.ops.vocab_parallel_cross_entropy.LigerVocabParallelCEFunction.forward", "loss",
+           (LIGER_CE, DS_LIGER), _liger_local_group),
+    Mutant("inference_head_input_offset_zero",
+           "LmHeadLinearAllreduce.forward slices the input at hidden offset 0 on every rank: rank r > 0 "
+           "multiplies its weight columns by rank 0's slice of the hidden state",
+           "deepspeed.module_inject.layers.LmHeadLinearAllreduce.forward", "logits", (INFERENCE,),
+           _inference_head_offset_zero),
+    Mutant("autotp_accepts_empty_vocab_shard",
+           "AutoTP._validate_vocab_parallel_layer without its empty-shard ValueError (vocabulary smaller than "
+           "tp): the documented rejection no longer happens where DeepSpeed promises it",
+           "deepspeed.module_inject.auto_tp.AutoTP._validate_vocab_parallel_layer",
+           "rejection (ds_reject vocab_empty_shard)", (REJECT,), _autotp_accepts_empty_vocab_shard),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

@@ -43,7 +43,52 @@ SELECTION = {
         "vocab_parallel-torch-fp32-num_items-v34-h35-bias-embed_out-ign_scattered-zero2-gas2-tp2-cpu",
         "vocab_parallel-torch-fp16-mean-v35-h35-nobias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
     ],
+    # The other subjects: two TP=2 cases each (one fp32, one low precision; bias; even and uneven),
+    # enough for their mutants; world 2 so one rank group serves every family of a mutant.
+    catalog.ROW: [
+        "row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
+        "row_parallel-bf16-num_items-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu",
+    ],
+    catalog.TIED_ROW: [
+        "tied_row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none",
+        "tied_row_parallel-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none",
+    ],
+    catalog.TIED_VOCAB: [
+        "tied_vocab_parallel-torch-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none",
+        "tied_vocab_parallel-torch-bf16-mean-v34-h35-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none",
+    ],
+    catalog.EMBED: [
+        "vocab_parallel_embedding-fp32-v35-h32-gas2-tp2-cpu-nopad",
+        "vocab_parallel_embedding-bf16-v34-h32-gas2-tp2-cpu-padlast",
+    ],
+    catalog.DS_CE: [
+        "ds_vocab_ce-fp32-mean-v35-ign_scattered-tp2-cpu",
+        "ds_vocab_ce-bf16-none-v269-ign_scattered-tp2-cpu",
+    ],
+    catalog.FUSED_CE: [
+        "ds_fused_linear_ce-fp32-sum-v36-bias-chunk5-ign_scattered-tp2-cpu",
+        "ds_fused_linear_ce-bf16-mean-v35-nobias-chunk5-ign_scattered-tp2-cpu",
+    ],
+    catalog.LIGER_CE: [
+        "liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu",
+        "liger_vocab_ce-bf16-v64-ign_none-tp2-cpu",
+    ],
+    # Subjects merged after the first catalog: one or two cases each (rank start-up dominates).
+    catalog.D_COLUMN: ["direct_column_gathered-fp32-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.D_VOCAB: ["direct_vocab_parallel-fp32-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.D_ROW: ["direct_row_parallel-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.DS_LIGER: ["ds_liger_ce-fp32-v32-ign_scattered-tp2-cpu"],
+    catalog.INFERENCE: ["inference_head-fp32-v34-h32-untied-bias-lm_head-tp2-grain64-cpu"],
+    catalog.REJECT: ["ds_reject-vocab_empty_shard-tp2-cpu"],
+    catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],
+    catalog.HF_ROW: ["hf_plan_row-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu"],
+    catalog.HF_TIED: ["hf_plan_tied-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
 }
+# TP=2 x DP=2 (world 4): the one case where the world group is not the TP group. Last in its
+# family, so only mutants that survive the TP-only cases (column_backward_world_group) pay for a
+# world-4 rank group; --fast leaves it out.
+SELECTION[catalog.COLUMN].append(
+    "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-dp2-cpu")
 # --fast (CI self-test): three mutants, two cases each; one DeepSpeed layer bug, one CE bug, one
 # reference bug, so each of the three application paths is exercised.
 FAST_MUTANTS = {"column_backward_no_allreduce": catalog.COLUMN, "ce_local_sum_exp": catalog.VOCAB,
@@ -127,13 +172,15 @@ def select_cases(families, per_family: int | None) -> dict:
 def kill_matrix_text(rows: list[dict]) -> str:
     families = list(catalog.FAMILIES)
     width = max(len(r["mutant"]) for r in rows) + 2
-    head = f"{'mutant':<{width}}" + "".join(f"{f:<18}" for f in families) + "expected"
+    families = [f for f in families if any(f in r["cells"] for r in rows)]
+    cw = {f: len(f) + 2 for f in families}
+    head = f"{'mutant':<{width}}" + "".join(f"{f:<{cw[f]}}" for f in families) + "expected"
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = ""
         for f in families:
             cell = r["cells"].get(f)
-            cells += f"{'-' if cell is None else cell['status']:<18}"
+            cells += f"{'-' if cell is None else cell['status']:<{cw[f]}}"
         lines.append(f"{r['mutant']:<{width}}{cells}{'survive (equivalent)' if r['equivalent'] else 'killed'}")
     return "\n".join(lines)
 

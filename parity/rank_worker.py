@@ -54,6 +54,11 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
         torch.cuda.set_device(local)
         os.environ["LOCAL_RANK"] = str(local)
         device_name = f"cuda:{local}"
+    # Collective counts (parity/collectives.py): wrap torch.distributed's collectives before
+    # DeepSpeed's comm layer binds any of them (it keeps e.g. all_gather_into_tensor at init).
+    from parity import collectives
+
+    collectives.install()
     # The parent holds the store on a port it bound itself, so concurrent pools never collide.
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
     # No device_id: with it, DeepSpeed's group splitting fails on a shared GPU (liger-and-gpu.md).

@@ -6,7 +6,7 @@ import time
 import traceback
 
 from parity.cases import Case
-from parity.compare import compare, reference_pair
+from parity.compare import Check, compare, reference_pair
 from parity.rank_pool import PoolStartError, RankPool
 from parity.subjects import SUBJECTS
 from parity.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict
@@ -72,7 +72,7 @@ class Runner:
             return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
                            rank_errors=outcome.errors)
         reference, oracle = reference_pair(subject, values)
-        checks = compare(subject, values, outcome.observations, reference, oracle)
+        checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
         if not any(c.measured is not None for c in checks):
             return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
         if case.divergence is not None:
@@ -96,24 +96,30 @@ class Runner:
 
     def _rejection_verdict(self, case: Case, outcome) -> Verdict:
         want = case.expect
-        problems = []
+        problems, checks = [], []
         for rank in range(case.world_size):
             err = outcome.errors.get(rank)
             if err is None:
-                problems.append(f"rank {rank} raised nothing (expected {want.error} matching {want.match!r})")
+                problem = f"rank {rank} raised nothing (expected {want.error} matching {want.match!r})"
             elif err.type != want.error or want.match not in err.message:
-                problems.append(f"rank {rank} raised {err.type}: {err.message.splitlines()[0] if err.message else ''!s}"
-                                f" (expected {want.error} matching {want.match!r})")
+                problem = (f"rank {rank} raised {err.type}: {err.message.splitlines()[0] if err.message else ''!s}"
+                           f" (expected {want.error} matching {want.match!r})")
+            else:
+                problem = None
+            checks.append(Check("rejection", problem is None, rank=rank,
+                                detail=problem or f"raised {want.error} matching {want.match!r}"))
+            if problem:
+                problems.append(problem)
         known = case.divergence
         if problems and known:
-            return Verdict(case, DIVERGED, rank_errors=outcome.errors,
+            return Verdict(case, DIVERGED, checks=checks, rank_errors=outcome.errors,
                            reason=f"known divergence: {known.reason} (repro: {known.repro}); {problems[0]}")
         if problems:
-            return Verdict(case, FAILED, reason="; ".join(problems), rank_errors=outcome.errors)
+            return Verdict(case, FAILED, checks=checks, reason="; ".join(problems), rank_errors=outcome.errors)
         if known:
             reason = f"known divergence no longer reproduces ({known.repro}): every rank raised {want.error}"
-            return Verdict(case, FAILED if self.strict else XPASSED, reason=reason)
-        return Verdict(case, PASSED, reason=f"every rank raised {want.error} matching {want.match!r}")
+            return Verdict(case, FAILED if self.strict else XPASSED, checks=checks, reason=reason)
+        return Verdict(case, PASSED, checks=checks, reason=f"every rank raised {want.error} matching {want.match!r}")
 
 
 def observed_facts(outcome) -> dict:
@@ -127,4 +133,11 @@ def observed_facts(outcome) -> dict:
                 for b in backends:
                     counts[b] = counts.get(b, 0) + 1
             facts.setdefault("loss_backend_calls", {})[f"rank{rank}"] = counts
+        comm = obs.facts.get("collectives")
+        if comm:  # per micro-batch counts, each distinct set once (usually one for every micro-batch)
+            distinct = []
+            for counts in comm.values():
+                if counts not in distinct:
+                    distinct.append(counts)
+            facts.setdefault("collectives_per_micro", {})[f"rank{rank}"] = distinct
     return facts

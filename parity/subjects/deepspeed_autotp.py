@@ -11,6 +11,7 @@ from importlib.util import find_spec
 
 import torch
 
+from parity import collectives
 from parity.observations import RankObservations
 from parity.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
@@ -109,6 +110,35 @@ def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: i
             obs.record("weight", step, None, name, p)
 
 
+def exclude_engine_reduction(engine) -> None:
+    """Keep the engine's own collectives out of the counts: its gradient reduction depends on ZeRO
+    and DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
+    on the data-parallel group inside backward hooks."""
+    from deepspeed.utils import groups
+
+    original = engine.allreduce_gradients
+
+    def allreduce_gradients(*args, **kwargs):
+        with collectives.paused():
+            return original(*args, **kwargs)
+
+    engine.allreduce_gradients = allreduce_gradients
+    # AutoTP's one-time forward pre-hook that checks the batch is the same on every TP rank
+    # (a broadcast_object_list and an all_reduce on the first forward): the engine's, not the head's.
+    handle = getattr(engine, "first_dataloader_check", None)
+    hooks = engine.module._forward_pre_hooks
+    if handle is not None and handle.id in hooks:
+        hook = hooks[handle.id]
+
+        def paused_hook(*args, **kwargs):
+            with collectives.paused():
+                return hook(*args, **kwargs)
+
+        hooks[handle.id] = paused_hook
+    collectives.ignore_group(getattr(engine, "data_parallel_group", None))
+    collectives.ignore_group(groups._DATA_PARALLEL_GROUP)
+
+
 class _RecordingFunction:
     """Stands in for an autograd Function's ``apply`` and notes which backend ran."""
 
@@ -203,18 +233,23 @@ class EngineHead(Subject):
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}
                 capture_head_input_grad(model, captured)
-                backends = {}
+                backends, comm = {}, {}
+                exclude_engine_reduction(engine)
                 for step in range(train.steps):
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
                     num_items = count_items(batches, spec.ignore_index)
                     for micro, batch in enumerate(batches):
                         before = len(backend_log)
-                        loss, logits = engine(**batch, num_items_in_batch=num_items)
-                        backends[(step, micro)] = backend_log[before:]
-                        obs.record("logits", step, micro, None, logits)
-                        obs.record("loss", step, micro, None, loss)
-                        engine.backward(loss.sum() if spec.reduction == "none" else loss)
+                        # Collectives of the head and loss, forward and backward, this micro-batch
+                        # (parity/collectives.py); the engine's gradient reduction is not counted.
+                        with collectives.recording() as counts:
+                            loss, logits = engine(**batch, num_items_in_batch=num_items)
+                            backends[(step, micro)] = backend_log[before:]
+                            obs.record("logits", step, micro, None, logits)
+                            obs.record("loss", step, micro, None, loss)
+                            engine.backward(loss.sum() if spec.reduction == "none" else loss)
+                        comm[(step, micro)] = dict(counts)
                         obs.record("head_input_grad", step, micro, None, captured.pop("h"))
                         if engine.is_gradient_accumulation_boundary():
                             # The gradient the update will use: only readable between the boundary
@@ -231,6 +266,7 @@ class EngineHead(Subject):
                         obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
                     record_weights(obs, step, params, values["zero"])
                 obs.facts["loss_backend"] = backends
+                obs.facts["collectives"] = comm
             finally:
                 engine.destroy()
         return obs

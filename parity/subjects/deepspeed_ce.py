@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from parity import collectives
 from parity.observations import RankObservations
 from parity.partition import shard_slice
 from parity.subjects.base import Claims, Subject
@@ -119,12 +120,14 @@ class DeepSpeedFusedLinearCE(Subject):
         hidden = h.to(ctx.device).requires_grad_(True)
         weight = w[part].to(ctx.device).contiguous().requires_grad_(True)
         bias = None if b is None else b[part].to(ctx.device).contiguous().requires_grad_(True)
-        loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
-                                                   tp_group=group, vocab_start_index=start, vocab_end_index=end,
-                                                   ignore_index=IGNORE_INDEX, reduction=reduction,
-                                                   chunk_size=values["chunk"] or None)
-        upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
+        with collectives.recording() as counts:
+            loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
+                                                       tp_group=group, vocab_start_index=start, vocab_end_index=end,
+                                                       ignore_index=IGNORE_INDEX, reduction=reduction,
+                                                       chunk_size=values["chunk"] or None)
+            upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)
         obs.record("hidden_grad", 0, 0, None, hidden.grad)
         obs.record("weight_grad", 0, 0, None, weight.grad)

@@ -17,6 +17,7 @@ import copy
 
 import torch
 
+from parity import collectives
 from parity.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
@@ -74,9 +75,11 @@ class DirectVocabParallelEmbedding(Subject):
             weight.grad = None
             for micro in range(train.micro_batches):
                 ids, target = lookup_batch(train, step, micro, values["vocab"], values["hidden"])
-                out = layer(ids.to(ctx.device))
-                loss = lookup_loss(out, target.to(ctx.device))
-                (loss / train.micro_batches).backward()
+                with collectives.recording() as counts:
+                    out = layer(ids.to(ctx.device))
+                    loss = lookup_loss(out, target.to(ctx.device))
+                    (loss / train.micro_batches).backward()
+                obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
                 obs.record("embedding", step, micro, None, out)
                 obs.record("loss", step, micro, None, loss)
             grad = weight.grad.float()

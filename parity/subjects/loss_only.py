@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
+from parity import collectives
 from parity.observations import RankObservations
 from parity.partition import shard_slice
 from parity.subjects.base import Claims, RankContext, Subject
@@ -62,9 +63,11 @@ class LogitsCE(Subject):
             targets[2] = vocab  # one past the last row: no shard owns it
         local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
-        objective = upstream_objective(loss, upstream.to(ctx.device), values.get("reduction", "none"))
-        grad, hvp = differentiate(objective, local, values.get("backward", "once"), SEED, vocab, part)
+        with collectives.recording() as counts:
+            loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
+            objective = upstream_objective(loss, upstream.to(ctx.device), values.get("reduction", "none"))
+            grad, hvp = differentiate(objective, local, values.get("backward", "once"), SEED, vocab, part)
+        obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)
         obs.record("logits_grad", 0, 0, None, grad)
         if hvp is not None:
