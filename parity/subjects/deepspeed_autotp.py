@@ -208,6 +208,23 @@ class EngineHead(Subject):
         setup_deepspeed(ctx)
         return reset_deepspeed_state()
 
+    # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
+    def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:
+        """The user's model, before DeepSpeed sees it: the same weights the reference starts from."""
+        return build_model(self.model_spec(values), self.training_spec(values).seed, dtype)
+
+    def forward(self, engine, batch: dict, num_items: int, spec):
+        """One micro-batch through the engine -> (loss, logits). The reference model applies its
+        own reduction, so it takes num_items_in_batch always."""
+        return engine(**batch, num_items_in_batch=num_items)
+
+    def capture_head_input(self, model, sink: dict) -> None:
+        capture_head_input_grad(model, sink)
+
+    def model_facts(self, model) -> dict:
+        """Facts about the model worth recording before DeepSpeed rewrites it."""
+        return {}
+
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         import deepspeed
         from deepspeed.utils import safe_get_full_grad
@@ -217,8 +234,9 @@ class EngineHead(Subject):
         install_tp_groups(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
-        model = build_model(spec, train.seed, DTYPES[values["dtype"]]).to(ctx.device)
+        model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts.update(self.model_facts(model))
         backend_log: list = []
         with record_loss_backend(backend_log):
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -232,7 +250,7 @@ class EngineHead(Subject):
                 params = dict(model.named_parameters())
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}
-                capture_head_input_grad(model, captured)
+                self.capture_head_input(model, captured)
                 backends, comm = {}, {}
                 exclude_engine_reduction(engine)
                 for step in range(train.steps):
@@ -244,7 +262,7 @@ class EngineHead(Subject):
                         # Collectives of the head and loss, forward and backward, this micro-batch
                         # (parity/collectives.py); the engine's gradient reduction is not counted.
                         with collectives.recording() as counts:
-                            loss, logits = engine(**batch, num_items_in_batch=num_items)
+                            loss, logits = self.forward(engine, batch, num_items, spec)
                             backends[(step, micro)] = backend_log[before:]
                             obs.record("logits", step, micro, None, logits)
                             obs.record("loss", step, micro, None, loss)

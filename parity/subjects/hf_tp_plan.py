@@ -41,10 +41,8 @@ from importlib.util import find_spec
 
 import torch
 
-from parity.observations import RankObservations
-from parity.subjects.base import Claims, RankContext
-from parity.subjects.deepspeed_autotp import (EngineHead, _attribute, install_tp_groups, record_loss_backend,
-                                              record_weights, setup_deepspeed)
+from parity.subjects.base import Claims
+from parity.subjects.deepspeed_autotp import EngineHead
 from parity.tolerances import DTYPES
 from references.data import count_items
 from references.loss import causal_lm_loss
@@ -164,60 +162,18 @@ class HFPlanHead(EngineHead):
                 traj.put("weight", step, None, None, name, p)
         return traj
 
-    # -- ranks ---------------------------------------------------------------------------------
-    def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
-        import deepspeed
-        from deepspeed.utils import safe_get_full_grad
+    # -- ranks: EngineHead's loop, with the HF model's interface ---------------------------------
+    def forward(self, engine, batch, num_items, spec):
+        # HF's loss takes num_items_in_batch only from a trainer that counts tokens.
+        extra = {"num_items_in_batch": num_items} if spec.reduction == "num_items" else {}
+        out = engine(input_ids=batch["input_ids"], labels=batch["labels"], **extra)
+        return out.loss, out.logits
 
-        setup_deepspeed(ctx)
-        tp = values["tp"]
-        install_tp_groups(ctx, tp)
-        tp_rank, dp_rank = ctx.tp_dp(tp)
-        spec, train = self.model_spec(values), self.training_spec(values)
-        model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
-        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["hf_tp_plan"] = dict(effective_hf_plan(model))
-        backend_log: list = []
-        claims = self.claims(values)
-        with record_loss_backend(backend_log):
-            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                              optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
-                                              config=self.ds_config(values, train))
-            try:
-                obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
-                                             for path in claims.module_types}
-                obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
-                                              for a, b in claims.shared_params}
-                params = dict(model.named_parameters())
-                record_weights(obs, -1, params, values["zero"])
-                captured = {}
-                capture_lm_head_input_grad(model, captured)
-                backends = {}
-                for step in range(train.steps):
-                    batches = [{k: t.to(ctx.device) for k, t in b.items()}
-                               for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                    num_items = count_items(batches, spec.ignore_index)
-                    extra = {"num_items_in_batch": num_items} if spec.reduction == "num_items" else {}
-                    for micro, batch in enumerate(batches):
-                        before = len(backend_log)
-                        out = engine(input_ids=batch["input_ids"], labels=batch["labels"], **extra)
-                        backends[(step, micro)] = backend_log[before:]
-                        obs.record("logits", step, micro, None, out.logits)
-                        obs.record("loss", step, micro, None, out.loss)
-                        engine.backward(out.loss)
-                        obs.record("head_input_grad", step, micro, None, captured.pop("h"))
-                        if engine.is_gradient_accumulation_boundary():
-                            for name, p in params.items():
-                                grad = safe_get_full_grad(p)
-                                if grad is not None:
-                                    obs.record("grad", step, None, name, grad)
-                        engine.step()
-                    obs.facts.setdefault("global_steps", []).append(engine.global_steps)
-                    record_weights(obs, step, params, values["zero"])
-                obs.facts["loss_backend"] = backends
-            finally:
-                engine.destroy()
-        return obs
+    def capture_head_input(self, model, sink):
+        capture_lm_head_input_grad(model, sink)
+
+    def model_facts(self, model):
+        return {"hf_tp_plan": dict(effective_hf_plan(model))}
 
 
 def effective_hf_plan(model) -> dict:
