@@ -34,7 +34,7 @@ class Axis:
 REJECTIONS = (
     "none",
     "tied_row_max_norm", "tied_row_sparse", "tied_vocab_max_norm", "tied_vocab_sparse", "tied_vocab_scale_grad",
-    "row_tied_non_embedding", "row_shape", "row_partition_dim0", "gather_shape",
+    "row_tied_non_embedding", "hf_plan_unsupported_style", "row_shape", "row_partition_dim0", "gather_shape",
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",

@@ -117,6 +117,13 @@ def _without_loss_function(spec):
     return model
 
 
+def _unsupported_tp_plan_style(spec):
+    model = build_model(spec, SEED, torch.float32)
+    # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
+    model._tp_plan = {"lm_head": "sequence_parallel"}
+    return model
+
+
 def _plain(spec):
     return build_model(spec, SEED, torch.float32)
 
@@ -148,6 +155,8 @@ ENGINE_VARIANTS = {
     "tied_vocab_scale_grad": EngineVariant(VOCAB_PARALLEL, _embedding_option(scale_grad_by_freq=True), tied=True),
     # row-parallel head
     "row_tied_non_embedding": EngineVariant(_specs(ROW_HEAD), _tied_to_non_embedding),
+    # no partition_config: the engine takes the model's HF tp_plan, whose style it cannot convert
+    "hf_plan_unsupported_style": EngineVariant({}, _unsupported_tp_plan_style),
     "row_shape": EngineVariant(_specs({**ROW_HEAD, "shape": [-1, HIDDEN], "partition_dim": 1})),
     "row_partition_dim0": EngineVariant(_specs({**ROW_HEAD, "partition_dim": 0})),
     # column-parallel head with gathered output
