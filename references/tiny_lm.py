@@ -36,7 +36,7 @@ class TinyCausalLM(nn.Module):
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, padding_idx=spec.padding_idx)
         self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
-        setattr(self, spec.head_name, nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
+        self.replace_head(nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
         if spec.tied:
             self.head.weight = self.embed_tokens.weight
         # HF-style hook: a vocabulary-parallel subject replaces it with its distributed loss.
@@ -44,7 +44,20 @@ class TinyCausalLM(nn.Module):
 
     @property
     def head(self) -> nn.Module:
-        return getattr(self, self.spec.head_name)
+        module = self
+        for part in self.spec.head_name.split("."):
+            module = getattr(module, part)
+        return module
+
+    def replace_head(self, head: nn.Module) -> None:
+        """Put ``head`` at spec.head_name; a dotted name ("model.lm_head") nests it in plain containers."""
+        *parents, leaf = self.spec.head_name.split(".")
+        owner = self
+        for part in parents:
+            if not hasattr(owner, part):
+                setattr(owner, part, nn.Module())
+            owner = getattr(owner, part)
+        setattr(owner, leaf, head)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.proj(self.embed_tokens(input_ids)))

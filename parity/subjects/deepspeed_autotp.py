@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 from importlib.util import find_spec
 
 import torch
@@ -300,7 +301,7 @@ class ColumnGatheredHead(EngineHead):
         head = values["head"]
         return {"partition_config": {"use_default_specs": False, "layer_specs": [
             {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
-            {"patterns": [rf"{head}\.weight$"], "partition_type": "column", "gather_output": True},
+            {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "column", "gather_output": True},
         ]}}
 
     def claims(self, values):

@@ -74,7 +74,7 @@ class DirectHead(Subject):
         set_autotp_mode(training=True)
         group = groups.get_tensor_model_parallel_group()
         layer = self.build_head(model.head, group, values)
-        setattr(model, spec.head_name, layer)
+        model.replace_head(layer)
         ds_loss = self.install_loss(model, layer, group)
 
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)

@@ -11,6 +11,7 @@ reduction applies. The engine loop is EngineHead's.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead, reports_grad_norm
@@ -31,7 +32,7 @@ class RowParallelHead(EngineHead):
         head = values["head"]
         return {"partition_config": {"use_default_specs": False, "layer_specs": [
             {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
-            {"patterns": [rf"{head}\.weight$"], "partition_type": "row"},
+            {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "row"},
         ]}}
 
     def claims(self, values):
