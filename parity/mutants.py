@@ -35,10 +35,11 @@ ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_par
 EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
 D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
 DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
+DS_LIGER_NO_GROUP = "ds_liger_no_group"
 HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
 # Every subject of parity.subjects is a family with at least one mutant (tests/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
-            DS_LIGER, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED)
+            DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED)
 
 
 @dataclass(frozen=True)
@@ -619,7 +620,7 @@ MUTANTS = [
     Mutant("ce_backward_no_target_term",
            "_VocabParallelCrossEntropy.backward returns softmax without subtracting the one-hot target",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.backward", "head_input_grad",
-           (VOCAB, DS_CE), _ce_backward_no_target_term),
+           (VOCAB, DS_CE, DS_LIGER_NO_GROUP), _ce_backward_no_target_term),
     Mutant("ce_mean_counts_ignored",
            "vocab_parallel_cross_entropy's mean divides by every token, ignored ones included",
            "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy", "loss (mean, scattered ignores)",

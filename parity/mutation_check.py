@@ -78,6 +78,7 @@ SELECTION = {
     catalog.D_VOCAB: ["direct_vocab_parallel-fp32-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
     catalog.D_ROW: ["direct_row_parallel-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
     catalog.DS_LIGER: ["ds_liger_ce-fp32-v32-ign_scattered-tp2-cpu"],
+    catalog.DS_LIGER_NO_GROUP: ["ds_liger_no_group-fp32-v32-ign_scattered-tp2-cpu"],
     catalog.INFERENCE: ["inference_head-fp32-v34-h32-untied-bias-lm_head-tp2-grain64-cpu"],
     catalog.REJECT: ["ds_reject-vocab_empty_shard-tp2-cpu"],
     catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],

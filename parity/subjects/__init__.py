@@ -10,7 +10,8 @@ import importlib
 import os
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
-from parity.subjects.deepspeed_ce import DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedVocabParallelCE
+from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
+                                         DeepSpeedVocabParallelCE)
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_inference import InferenceHead
@@ -21,7 +22,7 @@ from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTi
 from parity.subjects.liger_ce import LigerVocabParallelCE
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(),
+                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
                                 DeepSpeedFusedLinearCE(), TiedRowParallelHead(), TiedVocabParallelHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),

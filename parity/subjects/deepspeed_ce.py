@@ -86,6 +86,36 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
         return loss
 
 
+class DeepSpeedLigerWithoutGroup(LogitsCE):
+    """backend="liger" with tp_group=None, as a data-parallel job calls it: every rank holds the
+    whole vocabulary. DeepSpeed must not hand None to Liger (which may read it as the world group
+    and treat the replicas as vocabulary shards, the bug the seed PR's review found): the torch CE
+    must run on every rank, over the full vocabulary."""
+
+    name = "ds_liger_no_group"
+    description = "vocab_parallel_cross_entropy(backend='liger', tp_group=None) on full-vocabulary logits"
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None}
+
+    def block(self, vocab, tp, tp_rank):
+        return slice(0, vocab)  # no vocabulary split: each rank is a data-parallel replica
+
+    def claims(self, values):
+        return Claims(module_types={}, param_shards={}, loss_backend="torch",
+                      micro_records={"loss": None, "logits_grad": None, "logits_after": None},
+                      exact_records=("logits_after",))
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
+
+        setup_deepspeed(ctx)
+        log: list = []
+        with record_loss_backend(log):
+            loss = vocab_parallel_cross_entropy(local, targets, tp_group=None, ignore_index=IGNORE_INDEX,
+                                                reduction="none", backend="liger")
+        obs.facts["loss_backend"] = {(0, 0): log}
+        return loss
+
+
 class DeepSpeedFusedLinearCE(Subject):
     name = "ds_fused_linear_ce"
     description = ("deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy on the head's "

@@ -52,11 +52,15 @@ class LogitsCE(Subject):
         """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
         raise NotImplementedError
 
+    def block(self, vocab: int, tp: int, tp_rank: int) -> slice:
+        """The vocabulary columns this rank holds."""
+        return shard_slice(vocab, tp, tp_rank)
+
     def run_rank(self, values, ctx):
         tp, vocab = values["tp"], values["vocab"]
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
-        part = shard_slice(vocab, tp, tp_rank)
+        part = self.block(vocab, tp, tp_rank)
         logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
                                               IGNORE_INDEX)
         if values.get("targets", "valid") == "out_of_range":
