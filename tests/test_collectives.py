@@ -9,6 +9,7 @@ from parity.cases import CaseFileError, load, load_file
 from parity.compare import Comparison
 from parity.observations import RankObservations
 from parity.subjects import SUBJECTS
+from tests.conftest import skip_or_fail
 
 HEAD = """
 [[matrix]]
@@ -88,7 +89,7 @@ def test_counter_counts_inside_the_window_only(tmp_path):
     import torch.distributed as dist
 
     if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
+        skip_or_fail("a process group already exists in this process (run this file alone)")
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

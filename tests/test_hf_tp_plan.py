@@ -5,9 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from importlib.util import find_spec
+
 import pytest
 
-pytest.importorskip("transformers")
+from tests.conftest import skip_or_fail
+
+if find_spec("transformers") is None:
+    skip_or_fail("transformers is not installed (pip install -e '.[hf]'); requirements-cpu.txt pins it")
 
 from parity.subjects import SUBJECTS  # noqa: E402
 
