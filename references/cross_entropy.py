@@ -18,15 +18,22 @@ BACKWARDS = ("once", "twice", "create_graph")
 SCALAR_UPSTREAM = 0.75  # d(objective)/d(loss) for a scalar loss; exact in every dtype
 
 
-def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
-    gen = torch.Generator().manual_seed(seed)
-    logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
+def _targets_and_upstream(gen: torch.Generator, tokens: int, vocab: int, ignore: str, ignore_index: int):
+    """Targets over the whole vocabulary (the last row always hit), optionally a quarter ignored, and a
+    positive per-token upstream weight; drawn from ``gen`` after whatever the caller drew first."""
     targets = torch.randint(0, vocab, (tokens,), generator=gen)
     targets[0] = vocab - 1
     if ignore == "scattered":
         targets = targets.masked_fill(torch.rand(tokens, generator=gen) < 0.25, ignore_index)
         targets[1] = ignore_index
     upstream = torch.rand(tokens, generator=gen) + 0.5
+    return targets, upstream
+
+
+def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
+    targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
     return logits, targets, upstream
 
 
@@ -92,12 +99,7 @@ def linear_ce_inputs(seed: int, tokens: int, vocab: int, hidden: int, bias: bool
     h = torch.randn(tokens, hidden, generator=gen).to(dtype)
     w = (2.0 / hidden ** 0.5 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
     b = (0.5 * torch.randn(vocab, generator=gen)).to(dtype)
-    targets = torch.randint(0, vocab, (tokens,), generator=gen)
-    targets[0] = vocab - 1
-    if ignore == "scattered":
-        targets = targets.masked_fill(torch.rand(tokens, generator=gen) < 0.25, ignore_index)
-        targets[1] = ignore_index
-    upstream = torch.rand(tokens, generator=gen) + 0.5
+    targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
     return h, w, (b if bias else None), targets, upstream
 
 

@@ -46,13 +46,9 @@ def tied_spec(spec, values):
     return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values))
 
 
-class TiedRowParallelHead(RowParallelHead):
-    name = "tied_row_parallel"
-    description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
-                   "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
-    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
-    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES}
+class TiedEmbedding:
+    """What both tied subjects add to their untied parent: a tied model, and the optional explicit
+    embedding spec placed before the head's so the AutoTP walk visits it first."""
 
     def model_spec(self, values):
         return tied_spec(super().model_spec(values), values)
@@ -61,6 +57,15 @@ class TiedRowParallelHead(RowParallelHead):
         config = super().tensor_parallel_config(values)
         config["partition_config"]["layer_specs"][:0] = embed_specs(values)
         return config
+
+
+class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
+    name = "tied_row_parallel"
+    description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
+                   "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
+    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
+    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
+    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES}
 
     def claims(self, values):
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",
@@ -69,19 +74,11 @@ class TiedRowParallelHead(RowParallelHead):
                       shared_params=SHARED)
 
 
-class TiedVocabParallelHead(VocabParallelHead):
+class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
     axes = {**VocabParallelHead.axes, "head": ("lm_head",), **TIED_AXES}
-
-    def model_spec(self, values):
-        return tied_spec(super().model_spec(values), values)
-
-    def tensor_parallel_config(self, values):
-        config = super().tensor_parallel_config(values)
-        config["partition_config"]["layer_specs"][:0] = embed_specs(values)
-        return config
 
     def claims(self, values):
         base = super().claims(values)
