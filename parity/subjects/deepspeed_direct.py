@@ -23,7 +23,6 @@ subjects' (logits, loss, head_input_grad, grad, weight), so parity/compare.py ju
 """
 from __future__ import annotations
 
-import copy
 
 import torch
 
@@ -70,7 +69,7 @@ class DirectHead(Subject):
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
         dtype = DTYPES[values["dtype"]]
-        model = copy.deepcopy(build_model(spec, train.seed, dtype)).to(ctx.device)
+        model = build_model(spec, train.seed, dtype).to(ctx.device)  # a fresh model per case: nothing to copy
         set_autotp_mode(training=True)
         group = groups.get_tensor_model_parallel_group()
         layer = self.build_head(model.head, group, values)
