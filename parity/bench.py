@@ -3,14 +3,17 @@
 Stage 1 -- the CE op alone (deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy,
 reduction "mean"), forward + backward, per backend ("torch" | "liger"): median milliseconds over
 --repeats runs after --warmup runs, and the peak allocated memory of one forward + backward
-(input logits included). World 1: DeepSpeed selects Liger only behind an explicit tensor-parallel
-group, so the op gets a size-1 group made with new_group([0]).
+(input logits included). --tp 1 (default): DeepSpeed selects Liger only behind an explicit
+tensor-parallel group, so the op gets a size-1 group made with new_group([0]). --tp N: N ranks each
+hold --local-vocab columns of an N x local-vocab vocabulary (the seed's TP=2 setting), so the
+figures include the CE's all-reduces; times are reported for rank 0 and as the slowest rank.
 
 Stage 2 -- the seed PR's memory profile: a local linear (hidden -> vocab/TP) + vocabulary-parallel
 CE forward/backward, 5 SGD updates (lr 0.05) of 2 micro-batches each, on TP ranks. After one
 warm-up update the weights are reset and the peak statistics cleared; reported are the peak
 allocated bytes and the peak over the baseline (bytes allocated right after the reset), the maximum
-across ranks. With one GPU the TP ranks share cuda:0 over gloo (see shared/notes/liger-and-gpu.md).
+across ranks. Ranks are placed by parity.placement: one per GPU over NCCL when there are enough
+GPUs, else sharing cuda:0 over gloo (see shared/notes/liger-and-gpu.md).
 
 Which backend actually ran is counted, not assumed: DeepSpeed's _liger_vocab_cross_entropy and
 _VocabParallelCrossEntropy are wrapped with call counters in every rank. A backend that cannot run
@@ -132,18 +135,20 @@ def _peak(device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def stage1(cfg, device, group, counters) -> list[dict]:
+def stage1(cfg, device, group, rank, counters) -> list[dict]:
     import torch
 
     dtype = torch.bfloat16
-    vocab = cfg["local_vocab"]
+    vocab, tp = cfg["local_vocab"], cfg["tp"]
+    lo, hi = rank * vocab, (rank + 1) * vocab
     rows = []
     for tokens in cfg["tokens"]:
+        # Every rank draws the same full logits and targets, then keeps its own vocabulary slice.
         gen = torch.Generator().manual_seed(1000 + tokens)
-        logits_host = torch.randn(tokens, vocab, generator=gen).mul_(2.0).to(dtype)
-        target_host = torch.randint(0, vocab, (tokens,), generator=gen)
+        logits_host = torch.randn(tokens, vocab * tp, generator=gen)[:, lo:hi].mul(2.0).to(dtype).contiguous()
+        target_host = torch.randint(0, vocab * tp, (tokens,), generator=gen)
         for backend in cfg["backends"]:
-            row = {"tokens": tokens, "local_vocab": vocab, "backend": backend}
+            row = {"tokens": tokens, "local_vocab": vocab, "tp": tp, "rank": rank, "backend": backend}
             rows.append(row)
             reason = liger_unavailable(cfg["device"]) if backend == "liger" else None
             if reason:
@@ -154,8 +159,8 @@ def stage1(cfg, device, group, counters) -> list[dict]:
 
             def step():
                 logits.grad = None
-                loss = counters.ce(logits, target, tp_group=group, vocab_start_index=0, vocab_end_index=vocab,
-                                   global_vocab_size=vocab, reduction="mean", backend=backend)
+                loss = counters.ce(logits, target, tp_group=group, vocab_start_index=lo, vocab_end_index=hi,
+                                   global_vocab_size=vocab * tp, reduction="mean", backend=backend)
                 loss.backward()
                 return loss
 
@@ -274,30 +279,36 @@ def rank_main(rank: int, world: int, cfg: dict, port: int, out_dir: str) -> None
         import torch
         import torch.distributed as dist
 
-        if cfg["device"] == "cuda":
-            torch.cuda.set_device(0)  # every rank on cuda:0; gloo carries CUDA tensors (NCCL refuses)
-            device = torch.device("cuda:0")
-        else:
-            device = torch.device("cpu")
+        from parity.placement import place_rank
+
+        placement = place_rank(rank, world, cfg["device"])
+        if placement.local_index is not None:
+            torch.cuda.set_device(placement.local_index)
+            os.environ["LOCAL_RANK"] = str(placement.local_index)
+        device = torch.device(placement.device)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         # No device_id: with it DeepSpeed's group splitting fails on a shared GPU.
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=600))
+        dist.init_process_group(placement.backend, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=600))
         # The CPU shm op is JIT-compiled (35-100 s) and only serves inference_all_reduce.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend=placement.backend)
         counters = _Counters()
-        singles = [dist.new_group([r]) for r in range(world)]  # new_group is collective: all ranks make all
-        tp_group = dist.new_group(list(range(world))) if world > 1 else singles[0]
-        result = {"rank": rank, "device": str(device),
-                  "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None}
+        # new_group is collective: every rank makes every group, members or not.
+        stage1_group = dist.new_group(list(range(cfg["tp"])))
+        stage2_group = dist.new_group(list(range(MEM_TP)))
+        result = {"rank": rank, "device": str(device), "mode": placement.mode,
+                  "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
         if "1" in cfg["stages"]:
-            if rank == 0:
-                result["stage1"] = stage1(cfg, device, singles[0], counters)
+            if rank < cfg["tp"]:
+                result["stage1"] = stage1(cfg, device, stage1_group, rank, counters)
             dist.barrier()
         if "2" in cfg["stages"]:
-            result["stage2"] = stage2(cfg, device, tp_group, rank, counters)
+            if rank < MEM_TP:
+                result["stage2"] = stage2(cfg, device, stage2_group, rank, counters)
+            dist.barrier()
         (out / f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
         dist.destroy_process_group()
@@ -389,9 +400,17 @@ def summarize(cfg: dict, env: dict, results: list[dict]) -> dict:
     by_rank = {r["rank"]: r for r in results}
     summary = {"environment": env, "config": cfg, "stage1": [], "stage1_ratios": [], "stage2": [],
                "stage2_ratio": None, "problems": []}
+    summary["mode"] = by_rank[0].get("mode") if by_rank else None
     if "1" in cfg["stages"]:
         rows = by_rank[0]["stage1"]
         summary["stage1"] = rows
+        # With TP > 1 every rank times its own shard; the step is as slow as the slowest rank.
+        for row in rows:
+            if row["status"] == "ran":
+                peers = [p for r in results for p in r.get("stage1", [])
+                         if p["tokens"] == row["tokens"] and p["backend"] == row["backend"] and p["status"] == "ran"]
+                row["ms_median_slowest_rank"] = max(p["ms_median"] for p in peers)
+                row["calls_per_rank"] = [p["calls"] for p in sorted(peers, key=lambda p: p["rank"])]
         for tokens in cfg["tokens"]:
             pair = {r["backend"]: r for r in rows if r["tokens"] == tokens and r["status"] == "ran"}
             if "torch" in pair and "liger" in pair:
@@ -403,7 +422,7 @@ def summarize(cfg: dict, env: dict, results: list[dict]) -> dict:
                     "loss_abs_diff": abs(t["loss"] - l["loss"])})
     if "2" in cfg["stages"]:
         for backend in cfg["backends"]:
-            per_rank = [row for r in results for row in r["stage2"] if row["backend"] == backend]
+            per_rank = [row for r in results for row in r.get("stage2", []) if row["backend"] == backend]
             ran = [row for row in per_rank if row["status"] == "ran"]
             if len(ran) != len(per_rank):
                 summary["stage2"].append({"backend": backend, "status": per_rank[0]["status"], "per_rank": per_rank})
@@ -436,21 +455,26 @@ def render(summary: dict) -> str:
     lines = ["## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     if "1" in cfg["stages"]:
-        where = "cuda:0" if cfg["device"] == "cuda" else "cpu"
-        lines += ["", f"## Stage 1: CE op alone, forward + backward, bf16, world 1 (size-1 tp_group), {where}",
-                  "", f"local vocab {cfg['local_vocab']}, reduction mean; median of {cfg['repeats']} runs after "
-                  f"{cfg['warmup']} warm-up; peak allocated over one forward + backward, input logits included; "
-                  "'ran' is the path DeepSpeed was observed to call (calls counted).", "",
-                  "| tokens | backend | ran | ms median | ms min | peak allocated GiB | over inputs GiB | loss |",
-                  "|---|---|---|---|---|---|---|---|"]
+        tp = cfg["tp"]
+        where = ("world 1 (size-1 tp_group), " + ("cuda:0" if cfg["device"] == "cuda" else "cpu") if tp == 1
+                 else f"TP={tp}, {summary['mode']}")
+        lines += ["", f"## Stage 1: CE op alone, forward + backward, bf16, {where}",
+                  "", f"local vocab {cfg['local_vocab']} per rank (global {cfg['local_vocab'] * tp}), reduction mean; "
+                  f"median of {cfg['repeats']} runs after {cfg['warmup']} warm-up (rank 0, and the slowest rank); "
+                  "peak allocated over one forward + backward on rank 0, input logits included; "
+                  "'ran' is the path DeepSpeed was observed to call (calls counted on every rank).", "",
+                  "| tokens | backend | ran | ms median | ms median, slowest rank | ms min | peak allocated GiB | "
+                  "over inputs GiB | loss |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in summary["stage1"]:
             if r["status"] != "ran":
-                lines.append(f"| {r['tokens']} | {r['backend']} | {r['status']} | | | | | |")
+                lines.append(f"| {r['tokens']} | {r['backend']} | {r['status']} | | | | | | |")
                 continue
             over = None if r["peak_allocated_bytes"] is None else r["peak_allocated_bytes"] - r["baseline_bytes"]
-            lines.append(f"| {r['tokens']} | {r['backend']} | {r['observed']} x{r['calls'][r['observed']]} | "
-                         f"{r['ms_median']:.3f} | {r['ms_min']:.3f} | {_gib(r['peak_allocated_bytes'])} | "
-                         f"{_gib(over)} | {r['loss']:.6f} |")
+            ranks = f" on {len(r['calls_per_rank'])} ranks" if len(r["calls_per_rank"]) > 1 else ""
+            lines.append(f"| {r['tokens']} | {r['backend']} | {r['observed']} x{r['calls'][r['observed']]}{ranks} | "
+                         f"{r['ms_median']:.3f} | {r['ms_median_slowest_rank']:.3f} | {r['ms_min']:.3f} | "
+                         f"{_gib(r['peak_allocated_bytes'])} | {_gib(over)} | {r['loss']:.6f} |")
         if summary["stage1_ratios"]:
             lines += ["", "| tokens | speedup torch/liger (ms) | peak liger/torch | loss abs diff |", "|---|---|---|---|"]
             for q in summary["stage1_ratios"]:
@@ -458,8 +482,7 @@ def render(summary: dict) -> str:
                 lines.append(f"| {q['tokens']} | {q['speedup_torch_over_liger']:.2f}x | {peak} | "
                              f"{q['loss_abs_diff']:.3g} |")
     if "2" in cfg["stages"]:
-        mode = (f"{MEM_TP} ranks sharing cuda:0 over gloo" if cfg["device"] == "cuda" else f"{MEM_TP} cpu ranks over gloo")
-        lines += ["", f"## Stage 2: memory profile (seed), TP={MEM_TP}, {mode}", "",
+        lines += ["", f"## Stage 2: memory profile (seed), TP={MEM_TP}, {summary['mode']}", "",
                   f"local linear + vocabulary-parallel CE fwd/bwd + {MEM_STEPS} SGD updates (lr {MEM_LR}) of "
                   f"{MEM_MICRO} micro-batches; bf16, hidden {cfg['mem_hidden']}, global vocab {cfg['mem_vocab']} "
                   f"(local {cfg['mem_vocab'] // MEM_TP}), {cfg['mem_tokens']} tokens per rank; after one warm-up "
@@ -496,6 +519,8 @@ def build_config(args) -> dict:
     if bad or not backends:
         raise SystemExit(f"parity bench: --backends must name {'/'.join(BACKENDS)}, got {args.backends!r}")
     stages = {"1": "1", "2": "2", "all": "12"}[args.stages]
+    if args.tp < 1:
+        raise SystemExit(f"parity bench: --tp must be >= 1, got {args.tp}")
     pick = lambda v, k: d[k] if v is None else v  # noqa: E731
     if pick(args.repeats, "repeats") < 1 or pick(args.warmup, "warmup") < 0:
         raise SystemExit("parity bench: --repeats must be >= 1 and --warmup >= 0")
@@ -504,13 +529,15 @@ def build_config(args) -> dict:
             "repeats": pick(args.repeats, "repeats"), "warmup": pick(args.warmup, "warmup"),
             "mem_hidden": pick(args.mem_hidden, "mem_hidden"), "mem_vocab": pick(args.mem_vocab, "mem_vocab"),
             "mem_tokens": pick(args.mem_tokens, "mem_tokens"), "mem_tp": MEM_TP, "mem_steps": MEM_STEPS,
-            "mem_micro_batches": MEM_MICRO}
+            "mem_micro_batches": MEM_MICRO, "tp": args.tp}
 
 
 def add_arguments(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu (tiny sizes)")
     p.add_argument("--stages", choices=("1", "2", "all"), default="all", help="1: CE op alone; 2: memory profile")
     p.add_argument("--backends", default="torch,liger", help="comma-separated, from torch,liger")
+    p.add_argument("--tp", type=int, default=1,
+                   help="stage-1 tensor-parallel ranks, each holding --local-vocab columns (default 1: a size-1 group)")
     p.add_argument("--repeats", type=int, help="timed runs per stage-1 point (cuda 20, cpu 5)")
     p.add_argument("--warmup", type=int, help="untimed runs first (cuda 5, cpu 2)")
     p.add_argument("--tokens", type=int, nargs="+", help="stage-1 token counts (cuda 8192 16384, cpu 256 512)")
@@ -527,7 +554,7 @@ def cmd_bench(args) -> int:
     cfg = build_config(args)
     env = environment(cfg["device"])
     print("\n".join(["## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()]), flush=True)
-    world = MEM_TP if "2" in cfg["stages"] else 1
+    world = max(cfg["tp"] if "1" in cfg["stages"] else 1, MEM_TP if "2" in cfg["stages"] else 1)
     print(f"\nspawning {world} rank process(es) on {cfg['device']} ...", flush=True)
     t0 = time.monotonic()
     try:

@@ -36,6 +36,7 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     import torch.distributed as dist
 
     from parity.mutants import apply_from_env
+    from parity.placement import place_rank
     from parity.subjects import SUBJECTS
     from parity.subjects.base import RankContext
 
@@ -43,17 +44,10 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     # some kernels have no deterministic variant: warn rather than refuse.
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
-    device_name, comm, mode = "cpu", "gloo", "cpu ranks over gloo"
-    if device == "cuda":
-        gpus = torch.cuda.device_count()
-        if gpus >= world_size:
-            local, comm, mode = rank, "nccl", f"one rank per GPU over nccl ({gpus} GPUs)"
-        else:
-            # NCCL refuses two ranks on one GPU; gloo moves CUDA tensors fine (liger-and-gpu.md).
-            local, mode = 0, f"{world_size} ranks sharing cuda:0 over gloo ({gpus} GPU(s))"
-        torch.cuda.set_device(local)
-        os.environ["LOCAL_RANK"] = str(local)
-        device_name = f"cuda:{local}"
+    placement = place_rank(rank, world_size, device)
+    if placement.local_index is not None:
+        torch.cuda.set_device(placement.local_index)
+        os.environ["LOCAL_RANK"] = str(placement.local_index)
     # Collective counts (parity/collectives.py): wrap torch.distributed's collectives before
     # DeepSpeed's comm layer binds any of them (it keeps e.g. all_gather_into_tensor at init).
     from parity import collectives
@@ -62,12 +56,12 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     # The parent holds the store on a port it bound itself, so concurrent pools never collide.
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
     # No device_id: with it, DeepSpeed's group splitting fails on a shared GPU (liger-and-gpu.md).
-    dist.init_process_group(comm, store=store, rank=rank, world_size=world_size,
+    dist.init_process_group(placement.backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
-    ctx = RankContext(rank=rank, world_size=world_size, device=device_name, mode=mode)
+    ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=placement.mode)
     # Mutation check only (ci/mutation_check.py): PARITY_MUTANT plants one bug in this process.
     apply_from_env("rank")
-    result_queue.put(("ready", rank, 0, mode))
+    result_queue.put(("ready", rank, 0, placement.mode))
 
     while True:
         task = task_queue.get()

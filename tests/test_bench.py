@@ -48,6 +48,20 @@ def test_bench_cpu_smoke(tmp_path):
     assert "| tokens | backend | ran |" in text and "| backend | ran | peak allocated bytes" in text
 
 
+def test_bench_stage1_at_tp2_cpu(tmp_path):
+    js = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "parity.cli", "bench", "--device", "cpu", "--stages", "1", "--tp", "2",
+           "--backends", "torch", "--repeats", "2", "--warmup", "1", "--tokens", "64", "--local-vocab", "128",
+           "--timeout", "120", "--json", str(js)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "TP=2, cpu ranks over gloo" in proc.stdout and "(global 256)" in proc.stdout
+    row = json.loads(js.read_text())["stage1"][0]
+    # Both ranks ran DeepSpeed's torch CE on their own shard, once per timed run.
+    assert row["calls_per_rank"] == [{"liger": 0, "torch": 2}] * 2
+    assert row["ms_median_slowest_rank"] >= row["ms_median"] > 0
+
+
 def test_liger_requested_but_torch_ran_fails_loudly():
     import torch
 
