@@ -15,3 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/env
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" >> "$out/env.txt"
 python3 -m parity.cli run --device cuda --strict --report "$out/gpu" > "$out/gpu-run.log" 2>&1
 timeout 420 python3 -m parity.cli bench --device cuda --repeats 20 --json "$out/bench-h200.json" --markdown "$out/bench-h200.md" > "$out/bench.log" 2>&1
+# With 2+ GPUs: the seed's TP=2 setting over real NCCL collectives (results/h200-x2/).
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    timeout 420 python3 -m parity.cli bench --device cuda --tp 2 --repeats 20 --json "$out/bench-tp2.json" --markdown "$out/bench-tp2.md" > "$out/bench-tp2.log" 2>&1
+fi
