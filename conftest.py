@@ -6,12 +6,53 @@ store is bound by its own parent process on a port the OS chose.
 """
 from __future__ import annotations
 
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 
 from parity.cases import load
 from parity.verdict import DIVERGED, FAILED, SKIPPED, XPASSED
+
+
+def pytest_addoption(parser):
+    parser.addoption("--parity-report", metavar="DIR", default=None,
+                     help="write the suite's report (DIR/summary.json, ...) for the cases this run ran")
+
+
+def pytest_configure(config):
+    directory = config.getoption("--parity-report")
+    if directory is None or hasattr(config, "workerinput"):  # xdist workers only send their reports
+        return
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise pytest.UsageError(f"--parity-report {directory}: exists and is not a directory "
+                                "(allowed: a directory, created if missing)")
+    config.pluginmanager.register(ParityReport(directory, ["pytest", *config.invocation_params.args]),
+                                  "parity-report")
+
+
+class ParityReport:
+    """Collects every case's verdict where pytest reports it and writes the suite's report at the end.
+
+    pytest_runtest_logreport runs on the xdist controller for every worker's report, and the verdict
+    travels in the report's user_properties (small: counts and the first failure, no per-check
+    data, since it also lands in the JUnit XML), so no worker has to write a part of its own.
+    """
+
+    def __init__(self, directory: str, argv: list[str]):
+        self.directory, self.argv = directory, argv
+        self.records: list[dict] = []
+        self.start = time.monotonic()
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call":
+            self.records.extend(value for name, value in report.user_properties if name == "verdict")
+
+    def pytest_sessionfinish(self, session):
+        from parity.report import write_report
+
+        write_report(self.directory, self.records, time.monotonic() - self.start, argv=self.argv)
 
 
 def pytest_collect_file(parent, file_path):

@@ -5,6 +5,8 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl liger-kernel==0.8.5 pydantic==2.14.4 pydantic-core==2.50.5 hjson==3.1.0 \
 #       annotated-types==0.8.0 typing-inspection==0.4.5
+# It records `parity run` and `parity bench`; the CI's pytest command for the cuda cases is
+# `python ci/modal_runner.py --local` (on Modal: without --local), see ci/README.md.
 # Usage on the GPU machine, from the repo root: bash ci/gpu_run.sh OUTDIR
 set -euo pipefail
 out=${1:?usage: ci/gpu_run.sh OUTDIR}

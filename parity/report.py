@@ -97,3 +97,18 @@ def write_summary(directory, verdicts, wall_s: float, argv=None) -> Path:
     path = directory / "summary.json"
     path.write_text(json.dumps(data, indent=1, default=str))
     return path
+
+
+def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None) -> None:
+    """The suite's report from verdict dicts (Verdict.as_dict), as pytest's --parity-report collects them.
+
+    Minimal stand-in: summary.json only, in write_summary's layout. The full report (results.jsonl,
+    summary.md, report.html) replaces this at merge.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = Counter(r["verdict"] for r in records)
+    data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
+            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}},
+            "cases": list(records)}
+    (directory / "summary.json").write_text(json.dumps(data, indent=1, default=str))
