@@ -1,4 +1,4 @@
-"""parity list | run | mutants | bench: the command-line face of the suite."""
+"""parity list | run | diff | mutants | bench: the command-line face of the suite."""
 from __future__ import annotations
 
 import argparse
@@ -95,12 +95,19 @@ def main(argv=None) -> int:
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+    from parity.diff import add_arguments as add_diff_arguments
+
+    add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse"))
     bench = sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test")
     from parity.bench import add_arguments
 
     add_arguments(bench)
     args = parser.parse_args(argv)
     args.argv = argv  # for the report: the command as typed
+    if args.command == "diff":
+        from parity.diff import cmd_diff
+
+        return cmd_diff(args)
     if args.command == "bench":
         from parity.bench import cmd_bench
 
