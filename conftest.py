@@ -35,9 +35,9 @@ def pytest_configure(config):
 class ParityReport:
     """Collects every case's verdict where pytest reports it and writes the suite's report at the end.
 
-    pytest_runtest_logreport runs on the xdist controller for every worker's report, and the verdict
-    travels in the report's user_properties (small: counts and the first failure, no per-check
-    data, since it also lands in the JUnit XML), so no worker has to write a part of its own.
+    pytest_runtest_logreport runs on the xdist controller for every worker's report, so the full
+    verdict (with its per-check list) travels in the report's user_properties and no worker has to
+    write a part of its own. Registered on the controller only: a worker must send it unstripped.
     """
 
     def __init__(self, directory: str, argv: list[str]):
@@ -45,14 +45,21 @@ class ParityReport:
         self.records: list[dict] = []
         self.start = time.monotonic()
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report):
+        # tryfirst: the JUnit XML writer, which runs later, must not see the per-check list.
+        full = [value for name, value in report.user_properties if name == FULL_RECORD]
+        report.user_properties[:] = [(n, v) for n, v in report.user_properties if n != FULL_RECORD]
         if report.when == "call":
-            self.records.extend(value for name, value in report.user_properties if name == "verdict")
+            self.records.extend(full)
 
     def pytest_sessionfinish(self, session):
         from parity.report import write_report
 
         write_report(self.directory, self.records, time.monotonic() - self.start, argv=self.argv)
+
+
+FULL_RECORD = "parity_record"  # user property: the whole verdict dict, only with --parity-report
 
 
 def pytest_collect_file(parent, file_path):
@@ -87,7 +94,11 @@ class CaseItem(pytest.Item):
             runner = Runner(strict=strict_from_env())
             self.session.config.stash[_runner_key] = runner
         verdict = runner.run(self.case)
-        self.user_properties.append(("verdict", verdict.as_dict()))
+        record = verdict.as_dict()
+        compact = {k: v for k, v in record.items() if k != "check_results"}
+        self.user_properties.append(("verdict", compact))
+        if self.config.getoption("--parity-report"):
+            self.user_properties.append((FULL_RECORD, record))
         if verdict.status == SKIPPED:
             pytest.skip(verdict.reason)
         if verdict.status == FAILED:

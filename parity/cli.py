@@ -1,4 +1,4 @@
-"""parity list | run | mutants | bench: the command-line face of the suite."""
+"""parity list | run | diff | mutants | bench: the command-line face of the suite."""
 from __future__ import annotations
 
 import argparse
@@ -44,7 +44,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from parity.report import Progress, summary_table, write_summary
+    from parity.report import Progress, summary_table, write_report
     from parity.runner import Runner, strict_from_env
 
     cases = select(load(args.matrix), args.k, args.case, args.device)
@@ -67,7 +67,8 @@ def cmd_run(args) -> int:
     wall = time.monotonic() - start
     print(summary_table(verdicts, wall))
     if args.report:
-        print(f"wrote {write_summary(args.report, verdicts, wall)}")
+        write_report(args.report, [v.as_dict() for v in verdicts], wall, ["parity", *args.argv])
+        print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html")
     return 1 if any(v.status == "failed" for v in verdicts) else 0
 
 
@@ -90,15 +91,23 @@ def main(argv=None) -> int:
     sub.choices["list"].add_argument("--coverage", action="store_true",
                                      help="print the subject x axis coverage table (markdown, as in the README)")
     run = sub.choices["run"]
-    run.add_argument("--report", metavar="DIR", help="write DIR/summary.json")
+    run.add_argument("--report", metavar="DIR", help="write DIR/summary.json, results.jsonl, summary.md, report.html")
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+    from parity.diff import add_arguments as add_diff_arguments
+
+    add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse"))
     bench = sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test")
     from parity.bench import add_arguments
 
     add_arguments(bench)
     args = parser.parse_args(argv)
+    args.argv = argv  # for the report: the command as typed
+    if args.command == "diff":
+        from parity.diff import cmd_diff
+
+        return cmd_diff(args)
     if args.command == "bench":
         from parity.bench import cmd_bench
 

@@ -45,7 +45,8 @@ class Check:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "step": self.step, "micro": self.micro, "rank": self.rank, "passed": self.passed,
-                "measured": self.measured, "bound": self.bound, "margin": self.margin, "detail": self.detail}
+                "measured": self.measured, "bound": self.bound, "margin": self.margin, "ratio": self.ratio,
+                "detail": self.detail}
 
 
 def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int, grain: int = 1) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""Progress lines while running, the summary table at the end, and DIR/summary.json."""
+"""Progress lines while running, the summary table at the end, and the report directory:
+summary.json, results.jsonl, summary.md and report.html, all written from verdict dicts."""
 from __future__ import annotations
 
 import json
 import platform
+import shlex
 import sys
 import time
 from collections import Counter
@@ -87,28 +89,36 @@ def environment() -> dict:
     return info
 
 
-def write_summary(directory, verdicts, wall_s: float, argv=None) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    counts = Counter(v.status for v in verdicts)
-    data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
-            "counts": {"total": len(verdicts), **{status: counts[status] for status in STATUSES}},
-            "cases": [v.as_dict() for v in verdicts]}
-    path = directory / "summary.json"
-    path.write_text(json.dumps(data, indent=1, default=str))
-    return path
+def case_summary(record: dict) -> dict:
+    """A case as summary.json keeps it: the verdict dict without its per-check list (results.jsonl
+    has that), plus where its worst ratio and first divergence were."""
+    from parity.report_records import first_divergence, worst_check
+
+    slim = {k: v for k, v in record.items() if k != "check_results"}
+    worst, first = worst_check(record), first_divergence(record)
+    slim["worst_check"] = None if worst is None else {k: worst.get(k) for k in ("name", "step", "micro", "rank")}
+    slim["first_divergence"] = None if first is None else first
+    return slim
 
 
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None) -> None:
-    """The suite's report from verdict dicts (Verdict.as_dict), as pytest's --parity-report collects them.
+    """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
+    (Verdict.as_dict()), whichever process produced them."""
+    from parity.report_html import report_html
+    from parity.report_markdown import summary_markdown
+    from parity.report_records import result_lines
 
-    Minimal stand-in: summary.json only, in write_summary's layout. The full report (results.jsonl,
-    summary.md, report.html) replaces this at merge.
-    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     counts = Counter(r["verdict"] for r in records)
-    data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
-            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}},
-            "cases": list(records)}
-    (directory / "summary.json").write_text(json.dumps(data, indent=1, default=str))
+    run = {"command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
+           "environment": environment(),
+           "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
+    (directory / "summary.json").write_text(
+        json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
+    with open(directory / "results.jsonl", "w") as out:
+        for record in records:
+            for line in result_lines(record):
+                out.write(json.dumps(line, default=str, separators=(",", ":")) + "\n")
+    (directory / "summary.md").write_text(summary_markdown(records, run))
+    (directory / "report.html").write_text(report_html(records, run))

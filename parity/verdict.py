@@ -64,4 +64,7 @@ class Verdict:
                 "worst_ratio": self.worst_ratio,
                 "first_failure": self.first_failure if self.status == FAILED else None,
                 "reason": self.reason or None, "repro": self.repro(),
-                "rank_errors": {str(r): {"type": e.type, "message": e.message} for r, e in self.rank_errors.items()}}
+                "rank_errors": {str(r): {"type": e.type, "message": e.message} for r, e in self.rank_errors.items()},
+                # Every check, in the order it ran (chronological: setup, then step by step): what
+                # results.jsonl and report.html are written from (parity.report.write_report).
+                "check_results": [c.as_dict() for c in self.checks]}
