@@ -31,7 +31,8 @@ class Progress:
             print(f"    {verdict.status}: {verdict.reason}", file=self.stream, flush=True)
 
 
-def summary_table(verdicts, wall_s: float) -> str:
+def summary_table(verdicts, wall_s: float, not_run=()) -> str:
+    """not_run: {"id", "reason"} for selected cases this launch could not run (torchrun: another world size)."""
     counts = Counter(v.status for v in verdicts)
     by_subject: dict = {}
     for v in verdicts:
@@ -67,7 +68,11 @@ def summary_table(verdicts, wall_s: float) -> str:
     ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None and v.status == PASSED]
     if ratios:
         lines.append(f"closest numerical check of a passing case: {max(ratios):.3f} of its bound")
+    if not_run:
+        lines.append("not run under this launch, by reason:")
+        lines.extend(f"  {n:4d}  {reason}" for reason, n in Counter(c["reason"] for c in not_run).most_common())
     extra = "".join(f", {counts[s]} {s}" for s in (DIVERGED, XPASSED) if counts[s])
+    extra += f", {len(not_run)} not run" if not_run else ""
     lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{extra} "
                  f"in {wall_s:.1f} s")
     return "\n".join(lines)
@@ -87,13 +92,17 @@ def environment() -> dict:
     return info
 
 
-def write_summary(directory, verdicts, wall_s: float, argv=None) -> Path:
+def write_summary(directory, verdicts, wall_s: float, argv=None, not_run=(), launcher: str | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     counts = Counter(v.status for v in verdicts)
     data = {"command": " ".join(argv or sys.argv), "wall_seconds": round(wall_s, 2), "environment": environment(),
             "counts": {"total": len(verdicts), **{status: counts[status] for status in STATUSES}},
             "cases": [v.as_dict() for v in verdicts]}
+    if launcher:
+        data["launcher"] = launcher
+    if not_run:
+        data["not_run"] = list(not_run)
     path = directory / "summary.json"
     path.write_text(json.dumps(data, indent=1, default=str))
     return path
