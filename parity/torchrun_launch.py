@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from parity.rank_pool import PEER_GRACE_S, PoolOutcome, RankError
-from parity.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, choose_comm, prepare_process, run_case
+from parity.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, use_placement
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # After a rank's watchdog fires, how long rank 0 waits for the other ranks' watchdogs to post.
@@ -162,17 +162,19 @@ def cmd_run_torchrun(args) -> int:
 
     from parity import collectives
     from parity.mutants import apply_from_env
+    from parity.placement import place_rank
     from parity.subjects.base import RankContext
 
-    device_name, comm, mode = choose_comm(device, world_size, env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"])
-    nodes = os.environ.get("GROUP_WORLD_SIZE", "?")
-    mode = f"{mode}; launched by torchrun on {nodes} node(s)"
+    # GPUs are a node's: NCCL with one rank per local GPU when the node has enough, else cuda:0 shared.
+    placement = place_rank(env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], device)
+    use_placement(placement)
+    mode = f"{placement.mode}; launched by torchrun on {os.environ.get('GROUP_WORLD_SIZE', '?')} node(s)"
     collectives.install()  # before DeepSpeed binds torch.distributed's collectives (see rank_worker)
     store, _, _ = next(dist.rendezvous("env://"))
-    dist.init_process_group(comm, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
+    dist.init_process_group(placement.backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
     cases_store = dist.PrefixStore("parity", store)
-    ctx = RankContext(rank=rank, world_size=world_size, device=device_name, mode=mode)
+    ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=mode)
     apply_from_env("rank")
     if rank == 0:
         coordinator = Coordinator(args, cases_store, ctx, device, log_path, console)
