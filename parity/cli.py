@@ -47,6 +47,10 @@ def cmd_run(args) -> int:
     from parity.report import Progress, summary_table, write_report
     from parity.runner import Runner, strict_from_env
 
+    if args.launcher == "torchrun":
+        from parity.torchrun_launch import cmd_run_torchrun
+
+        return cmd_run_torchrun(args)
     cases = select(load(args.matrix), args.k, args.case, args.device)
     if not cases:
         print("parity: no cases selected", file=sys.stderr)
@@ -95,6 +99,9 @@ def main(argv=None) -> int:
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+    run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
+                     help="spawn: parity starts its own rank groups (default); torchrun: this process is one "
+                          "rank of `torchrun ... -m parity.cli run --launcher torchrun` (parity/torchrun_launch.py)")
     from parity.diff import add_arguments as add_diff_arguments
 
     add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse"))

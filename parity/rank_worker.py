@@ -1,5 +1,8 @@
 """The body of one rank process: join the process group, then run cases until told to stop.
 
+prepare_process, use_placement and run_case are shared with the torchrun launcher
+(parity/torchrun_launch.py), so both paths run a case the same way.
+
 Everything a rank prints (DeepSpeed's logs, C++ warnings, faulthandler dumps) goes to its own log
 file, so the parent can quote a dead or stuck rank's stack in that case's verdict.
 """
@@ -15,6 +18,49 @@ from datetime import timedelta
 CASE_COLLECTIVE_TIMEOUT_S = 600
 
 
+def prepare_process(device: str) -> None:
+    """Environment and torch settings every rank process needs, whoever launched it."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Triton kernels (Liger) run in Triton's interpreter on CPU; read when kernels are defined.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    import torch
+
+    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels. On CUDA
+    # some kernels have no deterministic variant: warn rather than refuse.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
+
+
+def use_placement(placement) -> None:
+    """Take the rank's CUDA device (parity.placement); DeepSpeed reads LOCAL_RANK for it too."""
+    if placement.local_index is not None:
+        import torch
+
+        torch.cuda.set_device(placement.local_index)
+        os.environ["LOCAL_RANK"] = str(placement.local_index)
+
+
+def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, object]:
+    """One case on this rank: ("ok", RankObservations) or ("error", {type, message, traceback})."""
+    import torch
+
+    from parity.subjects import SUBJECTS
+
+    print(f"=== case {seq}: {subject_name} {values}", flush=True)
+    try:
+        subject = SUBJECTS[subject_name]
+        state = subject.reset_process_state(ctx)
+        torch.manual_seed(seq)  # nothing may depend on it; the subject seeds its own model and data
+        obs = subject.run_rank(values, ctx)
+        obs.facts["state_at_start"] = state
+        return "ok", obs
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the judge
+        return "error", {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+
+
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
               log_path: str) -> None:
     log = open(log_path, "a", buffering=1)
@@ -25,29 +71,16 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
-    if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        # Triton kernels (Liger) run in Triton's interpreter on CPU; read when kernels are defined.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    else:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    prepare_process(device)
 
-    import torch
     import torch.distributed as dist
 
     from parity.mutants import apply_from_env
     from parity.placement import place_rank
-    from parity.subjects import SUBJECTS
     from parity.subjects.base import RankContext
 
-    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels. On CUDA
-    # some kernels have no deterministic variant: warn rather than refuse.
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
     placement = place_rank(rank, world_size, device)
-    if placement.local_index is not None:
-        torch.cuda.set_device(placement.local_index)
-        os.environ["LOCAL_RANK"] = str(placement.local_index)
+    use_placement(placement)
     # Collective counts (parity/collectives.py): wrap torch.distributed's collectives before
     # DeepSpeed's comm layer binds any of them (it keeps e.g. all_gather_into_tensor at init).
     from parity import collectives
@@ -68,15 +101,6 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
         if task is None:
             break
         seq, subject_name, values = task
-        print(f"=== case {seq}: {subject_name} {values}", flush=True)
-        try:
-            subject = SUBJECTS[subject_name]
-            state = subject.reset_process_state(ctx)
-            torch.manual_seed(seq)  # nothing may depend on it; the subject seeds its own model and data
-            obs = subject.run_rank(values, ctx)
-            obs.facts["state_at_start"] = state
-            result_queue.put(("ok", rank, seq, obs))
-        except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-            result_queue.put(("error", rank, seq, {"type": type(exc).__name__, "message": str(exc),
-                                                   "traceback": traceback.format_exc()}))
+        kind, payload = run_case(seq, subject_name, values, ctx)
+        result_queue.put((kind, rank, seq, payload))
     dist.destroy_process_group()

@@ -33,7 +33,8 @@ class Progress:
             print(f"    {verdict.status}: {verdict.reason}", file=self.stream, flush=True)
 
 
-def summary_table(verdicts, wall_s: float) -> str:
+def summary_table(verdicts, wall_s: float, not_run=()) -> str:
+    """not_run: {"id", "reason"} for selected cases this launch could not run (torchrun: another world size)."""
     counts = Counter(v.status for v in verdicts)
     by_subject: dict = {}
     for v in verdicts:
@@ -69,7 +70,11 @@ def summary_table(verdicts, wall_s: float) -> str:
     ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None and v.status == PASSED]
     if ratios:
         lines.append(f"closest numerical check of a passing case: {max(ratios):.3f} of its bound")
+    if not_run:
+        lines.append("not run under this launch, by reason:")
+        lines.extend(f"  {n:4d}  {reason}" for reason, n in Counter(c["reason"] for c in not_run).most_common())
     extra = "".join(f", {counts[s]} {s}" for s in (DIVERGED, XPASSED) if counts[s])
+    extra += f", {len(not_run)} not run" if not_run else ""
     lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{extra} "
                  f"in {wall_s:.1f} s")
     return "\n".join(lines)
@@ -101,9 +106,11 @@ def case_summary(record: dict) -> dict:
     return slim
 
 
-def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None) -> None:
+def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
+                 launcher: str | None = None) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
-    (Verdict.as_dict()), whichever process produced them."""
+    (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
+    cases this launch could not run (torchrun: another world size); launcher: set when not spawn."""
     from parity.report_html import report_html
     from parity.report_markdown import summary_markdown
     from parity.report_records import result_lines
@@ -114,6 +121,10 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     run = {"command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
            "environment": environment(),
            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
+    if launcher:
+        run["launcher"] = launcher
+    if not_run:
+        run["not_run"] = list(not_run)
     (directory / "summary.json").write_text(
         json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
     with open(directory / "results.jsonl", "w") as out:

@@ -125,7 +125,7 @@ def report_html(records: list[dict], run: dict) -> str:
     counts = run["counts"]
     toc = "".join(f'<li><a href="#{_anchor(i)}" class="mono">{escape(r["id"])}</a> '
                   f'{_badge(r["verdict"], is_near_failing(r))}</li>' for i, r in enumerate(plotted))
-    body = [f"<h1>parity run</h1>", f'<p class="headline"><b>{escape(headline(run))}</b></p>',
+    body = ["<h1>parity run</h1>", f'<p class="headline"><b>{escape(headline(run))}</b></p>',
             f"<p>Command: <code>{escape(run['command'])}</code></p>",
             "<nav><h2>Contents</h2><ul>",
             '<li><a href="#summary">Summary</a></li>',

@@ -40,6 +40,10 @@ def summary_markdown(records: list[dict], run: dict) -> str:
         if reasons:
             lines += ["", f"## {title} ({sum(reasons.values())})", ""]
             lines += table(("cases", "reason"), [(n, reason) for reason, n in reasons.most_common()])
+    not_run = Counter(c["reason"] for c in run.get("not_run", ()))
+    if not_run:
+        lines += ["", f"## Not run under this launch ({sum(not_run.values())})", ""]
+        lines += table(("cases", "reason"), [(n, reason) for reason, n in not_run.most_common()])
     near = closest(records)
     if near:
         lines += ["", "## Closest to their bound", "",
