@@ -264,11 +264,10 @@ def stage2(cfg, device, group, rank, counters) -> list[dict]:
 
 
 def rank_main(rank: int, world: int, cfg: dict, port: int, out_dir: str) -> None:
+    from parity.rank_worker import send_output_to
+
     out = Path(out_dir)
-    log = open(out / f"rank{rank}.log", "a", buffering=1)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
+    log = send_output_to(out / f"rank{rank}.log")
     try:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -279,12 +278,10 @@ def rank_main(rank: int, world: int, cfg: dict, port: int, out_dir: str) -> None
         import torch
         import torch.distributed as dist
 
-        from parity.placement import place_rank
+        from parity.placement import place_rank, use_placement
 
         placement = place_rank(rank, world, cfg["device"])
-        if placement.local_index is not None:
-            torch.cuda.set_device(placement.local_index)
-            os.environ["LOCAL_RANK"] = str(placement.local_index)
+        use_placement(placement)
         device = torch.device(placement.device)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         # No device_id: with it DeepSpeed's group splitting fails on a shared GPU.

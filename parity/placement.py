@@ -6,6 +6,7 @@ and the bench ranks both place themselves here, so a figure and a verdict name t
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -26,3 +27,12 @@ def place_rank(rank: int, world_size: int, device: str) -> Placement:
     if gpus >= world_size:
         return Placement(f"cuda:{rank}", "nccl", f"one rank per GPU over nccl ({gpus} GPUs)", rank)
     return Placement("cuda:0", "gloo", f"{world_size} ranks sharing cuda:0 over gloo ({gpus} GPU(s))", 0)
+
+
+def use_placement(placement: Placement) -> None:
+    """Take the rank's CUDA device; DeepSpeed reads LOCAL_RANK for it too."""
+    if placement.local_index is not None:
+        import torch
+
+        torch.cuda.set_device(placement.local_index)
+        os.environ["LOCAL_RANK"] = str(placement.local_index)

@@ -1,6 +1,6 @@
 """The body of one rank process: join the process group, then run cases until told to stop.
 
-prepare_process, use_placement and run_case are shared with the torchrun launcher
+send_output_to, prepare_process and run_case are shared with the torchrun launcher
 (parity/torchrun_launch.py), so both paths run a case the same way.
 
 Everything a rank prints (DeepSpeed's logs, C++ warnings, faulthandler dumps) goes to its own log
@@ -34,13 +34,13 @@ def prepare_process(device: str) -> None:
     torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
 
 
-def use_placement(placement) -> None:
-    """Take the rank's CUDA device (parity.placement); DeepSpeed reads LOCAL_RANK for it too."""
-    if placement.local_index is not None:
-        import torch
-
-        torch.cuda.set_device(placement.local_index)
-        os.environ["LOCAL_RANK"] = str(placement.local_index)
+def send_output_to(log_path) -> object:
+    """Everything this process prints (Python, C++ and CUDA libraries alike) goes to log_path."""
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    return log
 
 
 def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, object]:
@@ -63,10 +63,7 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
 
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
               log_path: str) -> None:
-    log = open(log_path, "a", buffering=1)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
+    log = send_output_to(log_path)
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -76,7 +73,7 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     import torch.distributed as dist
 
     from parity.mutants import apply_from_env
-    from parity.placement import place_rank
+    from parity.placement import place_rank, use_placement
     from parity.subjects.base import RankContext
 
     placement = place_rank(rank, world_size, device)

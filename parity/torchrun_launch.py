@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from parity.rank_pool import PEER_GRACE_S, PoolOutcome, RankError
-from parity.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, use_placement
+from parity.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, send_output_to
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # After a rank's watchdog fires, how long rank 0 waits for the other ranks' watchdogs to post.
@@ -147,10 +147,7 @@ def cmd_run_torchrun(args) -> int:
     # As in the self-spawned ranks, DeepSpeed's chatter goes to the rank's log; rank 0 keeps the
     # console for progress and the summary.
     console = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(log_path, "a", buffering=1)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
+    log = send_output_to(log_path)
     faulthandler.enable(file=log, all_threads=True)
     if rank == 0:
         # torchrun answers a dead rank with SIGTERM to the others; rank 0 takes it on a thread of
@@ -162,7 +159,7 @@ def cmd_run_torchrun(args) -> int:
 
     from parity import collectives
     from parity.mutants import apply_from_env
-    from parity.placement import place_rank
+    from parity.placement import place_rank, use_placement
     from parity.subjects.base import RankContext
 
     # GPUs are a node's: NCCL with one rank per local GPU when the node has enough, else cuda:0 shared.
@@ -209,7 +206,8 @@ class Coordinator:
 
         self.strict = args.strict or strict_from_env()
         self.verdicts, self.not_run = [], []
-        self.lock = threading.Lock()  # the main thread and an abort (watchdog or SIGTERM) record verdicts
+        # The main thread and an abort (watchdog or SIGTERM) record verdicts; abort records under it.
+        self.lock = threading.RLock()
         self.current = None  # (seq, case, started) while the ranks run a case
         self.pending = []  # cases not yet recorded, in order
         self.start = time.monotonic()
@@ -317,10 +315,7 @@ class Coordinator:
 
                 verdict = timed_verdict(case, produce)
                 verdict.seconds = time.monotonic() - started
-                self.pending.remove(case)
-                self.verdicts.append(verdict)
-                self.progress.update(verdict)
-                self.current = None
+                self._record(verdict)
             code = self._stop(why)
         self.console.flush()
         os._exit(code)
