@@ -35,14 +35,11 @@ class Progress:
 
 def summary_table(verdicts, wall_s: float, not_run=()) -> str:
     """not_run: {"id", "reason"} for selected cases this launch could not run (torchrun: another world size)."""
+    from parity.report_records import counts_by_subject
+
     counts = Counter(v.status for v in verdicts)
-    by_subject: dict = {}
-    for v in verdicts:
-        by_subject.setdefault(v.case.subject, Counter())[v.status] += 1
     rows = [("subject", "cases") + STATUSES]
-    for subject, c in sorted(by_subject.items()):
-        rows.append((subject, sum(c.values())) + tuple(c[s] for s in STATUSES))
-    rows.append(("total", len(verdicts)) + tuple(counts[s] for s in STATUSES))
+    rows += counts_by_subject([{"subject": v.case.subject, "verdict": v.status} for v in verdicts])
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in
                        enumerate(zip(row, widths))) for row in rows]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import fields
 
+from parity.compare import Check
 from parity.tolerances import NEAR_FAILING_RATIO
 from parity.verdict import FAILED, PASSED, STATUSES, XPASSED
 
@@ -114,8 +116,4 @@ def failure_summary(record: dict) -> str:
             return "no reason recorded"
         # "harness error:" is followed by a traceback: its last line names the exception.
         return lines[0] + (" " + lines[-1] if lines[0].endswith(":") and len(lines) > 1 else "")
-    text = check["name"] + (f" [{where(check)}]" if where(check) else "")
-    if check.get("measured") is not None:
-        text += (f": measured {fmt(check['measured'])}, bound {fmt(check['bound'])}, "
-                 f"margin {fmt(check['margin'])}")
-    return text + (f" ({check['detail']})" if check.get("detail") else "")
+    return Check(**{f.name: check.get(f.name) for f in fields(Check)}).describe()
