@@ -60,14 +60,15 @@ class Subject(ABC):
             found.append("liger")
         return found
 
+    def requires(self, values: dict) -> list[str]:
+        """The machine capabilities (parity.capabilities) this case needs to run here at all."""
+        return ["cuda"] if values.get("device") == "cuda" else []
+
     def unavailable_reason(self, values: dict) -> str | None:
         """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""
-        if values.get("device") == "cuda":
-            import torch
+        from parity.capabilities import unavailable_reason
 
-            if not torch.cuda.is_available():
-                return "needs a CUDA device; none is visible"
-        return None
+        return unavailable_reason(self.requires(values))
 
     def model_spec(self, values: dict) -> ModelSpec:
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),

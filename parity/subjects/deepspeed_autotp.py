@@ -140,6 +140,12 @@ def exclude_engine_reduction(engine) -> None:
     collectives.ignore_group(groups._DATA_PARALLEL_GROUP)
 
 
+def engine_dtype_requirements(values: dict) -> list[str]:
+    """DeepSpeed's engines (training and inference) check the accelerator's dtypes before anything
+    runs; on CPU, fp16 is offered only where oneDNN has it."""
+    return ["cpu_fp16"] if values.get("device", "cpu") == "cpu" and values.get("dtype") == "fp16" else []
+
+
 class _RecordingFunction:
     """Stands in for an autograd Function's ``apply`` and notes which backend ran."""
 
@@ -204,6 +210,9 @@ class EngineHead(Subject):
         return cfg
 
     clean_state = CLEAN_STATE
+
+    def requires(self, values):
+        return super().requires(values) + engine_dtype_requirements(values)
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         setup_deepspeed(ctx)

@@ -29,7 +29,8 @@ import torch
 
 from parity.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
-from parity.subjects.deepspeed_autotp import CLEAN_STATE, _attribute, reset_deepspeed_state, setup_deepspeed
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, engine_dtype_requirements, reset_deepspeed_state,
+                                             setup_deepspeed)
 from parity.tolerances import DTYPES
 from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
@@ -57,6 +58,9 @@ class InferenceHead(Subject):
 
     def world_size(self, values):
         return values["tp"]
+
+    def requires(self, values):
+        return super().requires(values) + engine_dtype_requirements(values)
 
     def training_spec(self, values):
         return TrainingSpec(steps=1, micro_batches=1)

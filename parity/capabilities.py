@@ -1,0 +1,78 @@
+"""What this machine can do, probed once per process and never by asking a subject under test.
+
+A case names the capabilities it needs (``Subject.requires``); when one is missing the case is a
+skip that names it, and a failure under strict mode. Each probe asks the layer *below* the subject
+(torch, the hardware), so a subject that breaks can never make its own cases disappear: if DeepSpeed
+refused fp16 on a CPU whose oneDNN supports it, the fp16 cases would run and fail, as they should.
+
+PARITY_ASSUME_MISSING (comma-separated capability names) makes a probe report "missing" whatever
+the machine has: the self-tests use it to show what a CPU without fp16 support does to a run.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+ASSUME_MISSING_VAR = "PARITY_ASSUME_MISSING"
+
+
+def _cuda() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "a CUDA device; none is visible"
+
+
+def _cpu_fp16() -> str | None:
+    # DeepSpeed's CPU accelerator offers fp16 exactly when oneDNN reports it
+    # (accelerator/cpu_accelerator.py, is_fp16_supported); oneDNN needs AVX-512 FP16 or AMX-FP16.
+    # Most CPUs, GitHub's hosted runners and AMD EPYC among them, have neither.
+    import torch
+
+    try:
+        supported = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError) as exc:
+        return f"fp16 on this CPU (oneDNN fp16 could not be queried: {exc})"
+    if supported:
+        return None
+    return ("fp16 on this CPU: oneDNN reports no fp16 support (no AVX-512 FP16 / AMX-FP16), so DeepSpeed's "
+            "CPU accelerator refuses fp16")
+
+
+PROBES = {
+    "cuda": _cuda,
+    "cpu_fp16": _cpu_fp16,
+}
+
+
+def _assumed_missing() -> set[str]:
+    names = {n.strip() for n in os.environ.get(ASSUME_MISSING_VAR, "").split(",") if n.strip()}
+    unknown = names - set(PROBES)
+    if unknown:
+        raise ValueError(f"{ASSUME_MISSING_VAR}: unknown capability {sorted(unknown)[0]!r} "
+                         f"(allowed: {', '.join(PROBES)})")
+    return names
+
+
+@functools.cache
+def _probe(name: str) -> str | None:
+    return PROBES[name]()
+
+
+def missing(name: str) -> str | None:
+    """None when this machine has the capability; otherwise what is missing, as a skip reason reads it."""
+    if name in _assumed_missing():
+        return f"{name} (simulated missing by {ASSUME_MISSING_VAR})"
+    return _probe(name)
+
+
+def unavailable_reason(names) -> str | None:
+    for name in names:
+        why = missing(name)
+        if why:
+            return f"needs {why}"
+    return None
+
+
+def snapshot() -> dict:
+    """Every capability as this run sees it, for reports: name -> None (present) or why it is missing."""
+    return {name: missing(name) for name in PROBES}
