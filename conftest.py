@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from parity.cases import load
-from parity.verdict import DIVERGED, FAILED, SKIPPED, XPASSED
+from parity.matrix.cases import load
+from parity.checks.verdict import DIVERGED, FAILED, SKIPPED, XPASSED
 
 
 def pytest_addoption(parser):
@@ -54,7 +54,7 @@ class ParityReport:
             self.records.extend(full)
 
     def pytest_sessionfinish(self, session):
-        from parity.report import write_report
+        from parity.report.console import write_report
 
         write_report(self.directory, self.records, time.monotonic() - self.start, argv=self.argv)
 
@@ -89,7 +89,7 @@ class CaseItem(pytest.Item):
     def runtest(self):
         runner = self.session.config.stash.get(_runner_key, None)
         if runner is None:
-            from parity.runner import Runner, strict_from_env
+            from parity.harness.runner import Runner, strict_from_env
 
             runner = Runner(strict=strict_from_env())
             self.session.config.stash[_runner_key] = runner

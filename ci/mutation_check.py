@@ -1,15 +1,15 @@
-"""Mutation check: plant each bug of parity/mutants.py and demand that the suite fails.
+"""Mutation check: plant each bug of parity/mutation/catalog.py and demand that the suite fails.
 
     python ci/mutation_check.py [--fast] [--mutant NAME] [--json PATH] [--all-cases] [--list]
 
-Same as `python -m parity.cli mutants`; see parity/mutation_check.py.
+Same as `python -m parity.cli mutants`; see parity/mutation/check.py.
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parity.mutation_check import main  # noqa: E402
+from parity.mutation.check import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,7 @@ Stage 2 -- the seed PR's memory profile: a local linear (hidden -> vocab/TP) + v
 CE forward/backward, 5 SGD updates (lr 0.05) of 2 micro-batches each, on TP ranks. After one
 warm-up update the weights are reset and the peak statistics cleared; reported are the peak
 allocated bytes and the peak over the baseline (bytes allocated right after the reset), the maximum
-across ranks. Ranks are placed by parity.placement: one per GPU over NCCL when there are enough
+across ranks. Ranks are placed by parity.harness.placement: one per GPU over NCCL when there are enough
 GPUs, else sharing cuda:0 over gloo (see shared/notes/liger-and-gpu.md).
 
 Which backend actually ran is counted, not assumed: DeepSpeed's _liger_vocab_cross_entropy and
@@ -264,7 +264,7 @@ def stage2(cfg, device, group, rank, counters) -> list[dict]:
 
 
 def rank_main(rank: int, world: int, cfg: dict, port: int, out_dir: str) -> None:
-    from parity.rank_worker import send_output_to
+    from parity.harness.rank_worker import send_output_to
 
     out = Path(out_dir)
     log = send_output_to(out / f"rank{rank}.log")
@@ -278,7 +278,7 @@ def rank_main(rank: int, world: int, cfg: dict, port: int, out_dir: str) -> None
         import torch
         import torch.distributed as dist
 
-        from parity.placement import place_rank, use_placement
+        from parity.harness.placement import place_rank, use_placement
 
         placement = place_rank(rank, world, cfg["device"])
         use_placement(placement)

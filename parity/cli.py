@@ -6,31 +6,13 @@ import json
 import sys
 import time
 
-from parity.cases import CaseFileError, load
-
-
-def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None):
-    if device:
-        cases = [c for c in cases if c.values.get("device", "cpu") == device]
-    if case_ids:
-        by_id = {c.id: c for c in cases}
-        unknown = [i for i in case_ids if i not in by_id]
-        if unknown:
-            raise SystemExit(f"parity: no case with id {unknown[0]!r} (see `parity list`)")
-        return [by_id[i] for i in case_ids]
-    if keyword:
-        # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
-        from _pytest.mark.expression import Expression
-
-        expr = Expression.compile(keyword)
-        cases = [c for c in cases if expr.evaluate(lambda term, c=c: term.lower() in c.id.lower())]
-    return cases
+from parity.matrix.cases import CaseFileError, load, select
 
 
 def cmd_list(args) -> int:
     cases = select(load(args.matrix), args.k, args.case, args.device)
     if args.coverage:
-        from parity.coverage import coverage_table
+        from parity.matrix.coverage import coverage_table
 
         print(coverage_table(cases))
         return 0
@@ -44,8 +26,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from parity.report import Progress, summary_table, write_report
-    from parity.runner import Runner, strict_from_env
+    from parity.report.console import Progress, summary_table, write_report
+    from parity.harness.runner import Runner, strict_from_env
 
     if args.launcher == "torchrun":
         from parity.torchrun_launch import cmd_run_torchrun
@@ -78,8 +60,8 @@ def cmd_run(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["mutants"]:  # its own options: see parity/mutation_check.py
-        from parity.mutation_check import main as mutants_main
+    if argv[:1] == ["mutants"]:  # its own options: see parity/mutation/check.py
+        from parity.mutation.check import main as mutants_main
 
         return mutants_main(argv[1:])
     parser = argparse.ArgumentParser(prog="parity", description=__doc__)
@@ -102,7 +84,7 @@ def main(argv=None) -> int:
     run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                      help="spawn: parity starts its own rank groups (default); torchrun: this process is one "
                           "rank of `torchrun ... -m parity.cli run --launcher torchrun` (parity/torchrun_launch.py)")
-    from parity.diff import add_arguments as add_diff_arguments
+    from parity.report.diff import add_arguments as add_diff_arguments
 
     add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse"))
     bench = sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test")
@@ -112,7 +94,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # for the report: the command as typed
     if args.command == "diff":
-        from parity.diff import cmd_diff
+        from parity.report.diff import cmd_diff
 
         return cmd_diff(args)
     if args.command == "bench":

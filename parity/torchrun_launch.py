@@ -4,11 +4,11 @@
 
 Every process of the launch is one rank; RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
 MASTER_ADDR/PORT come from torchrun (env:// rendezvous). Rank 0 is also the coordinator: it selects
-the cases (parity.cli.select), posts each one on the rendezvous store, runs its own share, collects
-every rank's outcome from the store and judges it with parity.runner.judge, exactly as the
-self-spawning runner does; every rank runs its share with parity.rank_worker.run_case.
+the cases (parity.matrix.cases.select), posts each one on the rendezvous store, runs its own share, collects
+every rank's outcome from the store and judges it with parity.harness.runner.judge, exactly as the
+self-spawning runner does; every rank runs its share with parity.harness.rank_worker.run_case.
 
-Where this differs from the self-spawn path (parity/rank_pool.py):
+Where this differs from the self-spawn path (parity/harness/rank_pool.py):
 - One world size per launch: selected cases of another size are listed as not run, with the
   launch that would run them (never dropped silently).
 - A rank that hangs or dies breaks the process group for good (torchrun cannot replace one rank
@@ -34,8 +34,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from parity.rank_pool import PEER_GRACE_S, PoolOutcome, RankError
-from parity.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, send_output_to
+from parity.harness.rank_pool import PEER_GRACE_S, PoolOutcome, RankError
+from parity.harness.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, send_output_to
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # After a rank's watchdog fires, how long rank 0 waits for the other ranks' watchdogs to post.
@@ -157,9 +157,9 @@ def cmd_run_torchrun(args) -> int:
 
     import torch.distributed as dist
 
-    from parity import collectives
-    from parity.mutants import apply_from_env
-    from parity.placement import place_rank, use_placement
+    from parity.observe import collectives
+    from parity.mutation.catalog import apply_from_env
+    from parity.harness.placement import place_rank, use_placement
     from parity.subjects.base import RankContext
 
     # GPUs are a node's: NCCL with one rank per local GPU when the node has enough, else cuda:0 shared.
@@ -202,7 +202,7 @@ class Coordinator:
     def __init__(self, args, store, ctx, device: str, log_path: str, console):
         self.args, self.store, self.ctx, self.device = args, store, ctx, device
         self.log_path, self.console = log_path, console
-        from parity.runner import strict_from_env
+        from parity.harness.runner import strict_from_env
 
         self.strict = args.strict or strict_from_env()
         self.verdicts, self.not_run = [], []
@@ -219,8 +219,7 @@ class Coordinator:
         print(text, file=self.console, flush=True)
 
     def select(self) -> list:
-        from parity.cases import load
-        from parity.cli import select
+        from parity.matrix.cases import load, select
 
         world_size = self.ctx.world_size
         runnable = []
@@ -237,8 +236,8 @@ class Coordinator:
         return runnable
 
     def run(self) -> int:
-        from parity.report import Progress
-        from parity.runner import timed_verdict
+        from parity.report.console import Progress
+        from parity.harness.runner import timed_verdict
 
         threading.Thread(target=self._on_sigterm, daemon=True, name="parity-sigterm").start()
         try:
@@ -268,7 +267,7 @@ class Coordinator:
         return self.finish()
 
     def _case(self, case):
-        from parity.runner import judge, skip_verdict
+        from parity.harness.runner import judge, skip_verdict
 
         skipped = skip_verdict(case, self.strict)
         if skipped:
@@ -299,7 +298,7 @@ class Coordinator:
 
     def abort(self, why: str) -> None:
         """From a watchdog or the SIGTERM thread while the main thread may be stuck: report, then exit."""
-        from parity.runner import judge, timed_verdict
+        from parity.harness.runner import judge, timed_verdict
 
         with self.lock:
             if self.current is not None:
@@ -328,7 +327,7 @@ class Coordinator:
         return 1  # the ranks still running cases are stopped by torchrun when rank 0 exits
 
     def finish(self) -> int:
-        from parity.report import summary_table, write_report
+        from parity.report.console import summary_table, write_report
 
         wall = time.monotonic() - self.start
         self.say(summary_table(self.verdicts, wall, self.not_run))

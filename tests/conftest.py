@@ -8,7 +8,7 @@ def skip_or_fail(reason: str):
     """A self-test that cannot run says why; under PARITY_STRICT=1 that is a failure, as for cases."""
     import pytest
 
-    from parity.runner import strict_from_env
+    from parity.harness.runner import strict_from_env
 
     if strict_from_env():
         pytest.fail(f"strict mode: would skip: {reason}")

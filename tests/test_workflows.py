@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parity.cases import default_files, load
+from parity.matrix.cases import default_files, load
 from tests.conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent

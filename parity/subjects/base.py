@@ -47,7 +47,7 @@ class Subject(ABC):
     name: str = ""
     description: str = ""
     axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
-    defaults: dict = {}  # axis defaults that differ from parity.axes
+    defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
 
     def world_size(self, values: dict) -> int:
@@ -61,12 +61,12 @@ class Subject(ABC):
         return found
 
     def requires(self, values: dict) -> list[str]:
-        """The machine capabilities (parity.capabilities) this case needs to run here at all."""
+        """The machine capabilities (parity.observe.capabilities) this case needs to run here at all."""
         return ["cuda"] if values.get("device") == "cuda" else []
 
     def unavailable_reason(self, values: dict) -> str | None:
         """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""
-        from parity.capabilities import unavailable_reason
+        from parity.observe.capabilities import unavailable_reason
 
         return unavailable_reason(self.requires(values))
 
@@ -77,7 +77,7 @@ class Subject(ABC):
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""
-        from parity.tolerances import DTYPES
+        from parity.observe.dtypes import DTYPES
         from references.trajectory import train_reference
 
         return train_reference(self.model_spec(values), self.training_spec(values), DTYPES[values["dtype"]],
@@ -93,7 +93,7 @@ class Subject(ABC):
 
     @abstractmethod
     def run_rank(self, values: dict, ctx: RankContext):
-        """Runs inside rank process ``ctx.rank``; returns parity.observations.RankObservations."""
+        """Runs inside rank process ``ctx.rank``; returns parity.observe.observations.RankObservations."""
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         """Undo process-global state a previous case may have left; return a snapshot proving it."""

@@ -12,11 +12,11 @@ from importlib.util import find_spec
 
 import torch
 
-from parity import collectives
-from parity.observations import RankObservations
-from parity.partition import shard_sizes
+from parity.observe import collectives
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
 
@@ -270,7 +270,7 @@ class EngineHead(Subject):
                     for micro, batch in enumerate(batches):
                         before = len(backend_log)
                         # Collectives of the head and loss, forward and backward, this micro-batch
-                        # (parity/collectives.py); the engine's gradient reduction is not counted.
+                        # (parity/observe/collectives.py); the engine's gradient reduction is not counted.
                         with collectives.recording() as counts:
                             loss, logits = self.forward(engine, batch, num_items, spec)
                             backends[(step, micro)] = backend_log[before:]

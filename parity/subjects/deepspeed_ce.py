@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from parity import collectives
-from parity.observations import RankObservations
-from parity.partition import shard_slice
+from parity.observe import collectives
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
 from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 

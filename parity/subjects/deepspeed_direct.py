@@ -19,18 +19,18 @@ of per-token losses for "none") is divided by the accumulation count before back
 gradient is what autograd accumulated in ``p.grad`` (in the parameter's dtype); plain
 ``torch.optim.SGD`` in fp32; in bf16 a float32 master copy per parameter, ``master -= lr * grad``
 then cast back (references/sgd.py, as DeepSpeed's bf16 optimizer does). Records are the engine
-subjects' (logits, loss, head_input_grad, grad, weight), so parity/compare.py judges both alike.
+subjects' (logits, loss, head_input_grad, grad, weight), so parity/checks/compare.py judges both alike.
 """
 from __future__ import annotations
 
 
 import torch
 
-from parity.observations import RankObservations
+from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
 

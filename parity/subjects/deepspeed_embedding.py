@@ -17,12 +17,12 @@ import copy
 
 import torch
 
-from parity import collectives
-from parity.observations import RankObservations
+from parity.observe import collectives
+from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
 from parity.subjects.deepspeed_tied import padding_index
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 
 
 class DirectVocabParallelEmbedding(Subject):

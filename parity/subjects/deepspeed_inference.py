@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from parity.observations import RankObservations
+from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, engine_dtype_requirements, reset_deepspeed_state,
                                              setup_deepspeed)
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
 

@@ -17,7 +17,6 @@ import dataclasses
 import torch
 from torch import nn
 
-from parity.axes import REJECTIONS
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, install_tp_groups, reset_deepspeed_state,
                                               setup_deepspeed)
@@ -186,7 +185,6 @@ CE_VARIANTS = {
 }
 
 VARIANTS = ("none", *ENGINE_VARIANTS, *CE_VARIANTS)
-assert VARIANTS == REJECTIONS, "parity/axes.py REJECTIONS and this module's variants must list the same names"
 
 
 def _vocab(value, tp: int) -> int:
@@ -255,7 +253,7 @@ class DeepSpeedRejection(Subject):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
         from deepspeed.sequence.linear_cross_entropy import vocab_parallel_linear_cross_entropy
 
-        from parity.partition import shard_slice
+        from parity.observe.partition import shard_slice
         from parity.subjects.loss_only import tp_group
 
         tp = values["tp"]

@@ -14,7 +14,7 @@ gradient (lookup + projection). Both subjects must keep one Parameter per rank, 
   ``VocabParallelEmbedding(tied_vocab_parallel_linear=head)`` (masked local lookup + all-reduce)
   sharing the head's vocabulary shard [V/tp, H]; the engine installs the vocab-parallel CE.
 
-Axes of their own (parity/axes.py, declared only here, so no other id changes):
+Axes of their own (parity/matrix/axes.py, declared only here, so no other id changes):
 - ``padding``: the embedding's padding_idx (none / token 0 / token vocab-1). HiddenParallelEmbedding
   keeps it as is; VocabParallelEmbedding keeps it only on the rank whose shard holds it, remapped.
 - ``embed_spec``: an explicit partition_config spec for ``embed_tokens.weight``. embed_tokens is

@@ -43,7 +43,7 @@ import torch
 
 from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import EngineHead
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.data import count_items
 from references.loss import causal_lm_loss
 from references.sgd import SGD

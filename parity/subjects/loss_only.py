@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from parity import collectives
-from parity.observations import RankObservations
-from parity.partition import shard_slice
+from parity.observe import collectives
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.loss_backward import differentiate
-from parity.tolerances import DTYPES
+from parity.observe.dtypes import DTYPES
 from references.cross_entropy import ce_inputs, ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 

@@ -1,0 +1,103 @@
+"""The body of one rank process: join the process group, then run cases until told to stop.
+
+send_output_to, prepare_process and run_case are shared with the torchrun launcher
+(parity/torchrun_launch.py), so both paths run a case the same way.
+
+Everything a rank prints (DeepSpeed's logs, C++ warnings, faulthandler dumps) goes to its own log
+file, so the parent can quote a dead or stuck rank's stack in that case's verdict.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+CASE_COLLECTIVE_TIMEOUT_S = 600
+
+
+def prepare_process(device: str) -> None:
+    """Environment and torch settings every rank process needs, whoever launched it."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Triton kernels (Liger) run in Triton's interpreter on CPU; read when kernels are defined.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    import torch
+
+    # Bitwise-repeatable runs: one thread (no racing partial sums), deterministic kernels. On CUDA
+    # some kernels have no deterministic variant: warn rather than refuse.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
+
+
+def send_output_to(log_path) -> object:
+    """Everything this process prints (Python, C++ and CUDA libraries alike) goes to log_path."""
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    return log
+
+
+def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, object]:
+    """One case on this rank: ("ok", RankObservations) or ("error", {type, message, traceback})."""
+    import torch
+
+    from parity.subjects import SUBJECTS
+
+    print(f"=== case {seq}: {subject_name} {values}", flush=True)
+    try:
+        subject = SUBJECTS[subject_name]
+        state = subject.reset_process_state(ctx)
+        torch.manual_seed(seq)  # nothing may depend on it; the subject seeds its own model and data
+        obs = subject.run_rank(values, ctx)
+        obs.facts["state_at_start"] = state
+        return "ok", obs
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the judge
+        return "error", {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+
+
+def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
+              log_path: str) -> None:
+    log = send_output_to(log_path)
+    faulthandler.enable(file=log, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
+    prepare_process(device)
+
+    import torch.distributed as dist
+
+    from parity.mutation.catalog import apply_from_env
+    from parity.harness.placement import place_rank, use_placement
+    from parity.subjects.base import RankContext
+
+    placement = place_rank(rank, world_size, device)
+    use_placement(placement)
+    # Collective counts (parity/observe/collectives.py): wrap torch.distributed's collectives before
+    # DeepSpeed's comm layer binds any of them (it keeps e.g. all_gather_into_tensor at init).
+    from parity.observe import collectives
+
+    collectives.install()
+    # The parent holds the store on a port it bound itself, so concurrent pools never collide.
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
+    # No device_id: with it, DeepSpeed's group splitting fails on a shared GPU (liger-and-gpu.md).
+    dist.init_process_group(placement.backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
+    ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=placement.mode)
+    # Mutation check only (ci/mutation_check.py): PARITY_MUTANT plants one bug in this process.
+    apply_from_env("rank")
+    result_queue.put(("ready", rank, 0, placement.mode))
+
+    while True:
+        task = task_queue.get()
+        if task is None:
+            break
+        seq, subject_name, values = task
+        kind, payload = run_case(seq, subject_name, values, ctx)
+        result_queue.put((kind, rank, seq, payload))
+    dist.destroy_process_group()

@@ -1,0 +1,164 @@
+"""Cases -> rank groups -> observations -> comparison -> verdicts."""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from parity.matrix.cases import Case
+from parity.checks.compare import Check, compare, reference_pair
+from parity.harness.rank_pool import PoolStartError, RankPool
+from parity.subjects import SUBJECTS
+from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict
+
+DEFAULT_CASE_TIMEOUT_S = 120.0
+
+
+def strict_from_env() -> bool:
+    return os.environ.get("PARITY_STRICT", "").lower() in ("1", "true", "yes")
+
+
+class Runner:
+    def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None):
+        self.timeout_s = timeout_s
+        self.strict = strict
+        self.log_dir = log_dir
+        self.pools: dict = {}
+
+    def pool(self, world_size: int, device: str) -> RankPool:
+        key = (world_size, device)
+        if key not in self.pools:
+            self.pools[key] = RankPool(world_size, device, self.log_dir)
+        return self.pools[key]
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+        self.pools.clear()
+
+    def run(self, case: Case) -> Verdict:
+        return timed_verdict(case, lambda: self._run(case))
+
+    def _run(self, case: Case) -> Verdict:
+        skipped = skip_verdict(case, self.strict)
+        if skipped:
+            return skipped
+        pool = self.pool(case.world_size, case.values.get("device", "cpu"))
+        try:
+            outcome = pool.run(case.subject, case.values, self.timeout_s)
+        except PoolStartError as exc:
+            return Verdict(case, FAILED, reason=str(exc))
+        return judge(case, outcome, self.strict, pool.mode)
+
+
+# -- judging: shared by the self-spawning Runner and the torchrun launcher (parity/torchrun_launch.py) --
+
+def timed_verdict(case: Case, produce) -> Verdict:
+    """produce() -> Verdict, timed; a harness bug fails this case, not the whole run."""
+    start = time.monotonic()
+    try:
+        verdict = produce()
+    except Exception:  # noqa: BLE001
+        verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
+    verdict.seconds = time.monotonic() - start
+    return verdict
+
+
+def skip_verdict(case: Case, strict: bool) -> Verdict | None:
+    """Checked before any rank runs the case: a reason makes it a (reported) skip, or a failure under strict."""
+    reason = SUBJECTS[case.subject].unavailable_reason(case.values)
+    if not reason:
+        return None
+    if strict:
+        return Verdict(case, FAILED, reason=f"strict mode: would skip: {reason}")
+    return Verdict(case, SKIPPED, reason=reason)
+
+
+def judge(case: Case, outcome, strict: bool, mode: str = "") -> Verdict:
+    """Every rank's outcome of one case (a PoolOutcome) -> its verdict."""
+    verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict)
+    verdict.mode = mode
+    verdict.observed = observed_facts(outcome)
+    return verdict
+
+
+def _judge(case, subject, values, outcome, strict) -> Verdict:
+    if case.expect.is_error:
+        return _rejection_verdict(case, outcome, strict)
+    if outcome.errors:
+        first = min(outcome.errors)
+        err = outcome.errors[first]
+        return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
+                       rank_errors=outcome.errors)
+    reference, oracle = reference_pair(subject, values)
+    checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
+    if not any(c.measured is not None for c in checks):
+        return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
+    if case.divergence is not None:
+        return _divergence_verdict(case, checks, strict)
+    status = PASSED if all(c.passed for c in checks) else FAILED
+    return Verdict(case, status, checks=checks)
+
+
+def _divergence_verdict(case: Case, checks, strict: bool) -> Verdict:
+    known = case.divergence
+    failed = [c for c in checks if not c.passed]
+    if not failed:
+        reason = f"known divergence no longer reproduces ({known.repro}): remove the mark"
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason)
+    unexplained = [c for c in failed if not known.covers(c.name)]
+    if unexplained:
+        return Verdict(case, FAILED, checks=checks,
+                       reason=f"fails beyond its known divergence: {unexplained[0].describe()}")
+    return Verdict(case, DIVERGED, checks=checks,
+                   reason=f"known divergence: {known.reason} (repro: {known.repro}); "
+                          f"{len(failed)} checks differ, first: {failed[0].describe()}")
+
+
+def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:
+    want = case.expect
+    problems, checks = [], []
+    for rank in range(case.world_size):
+        err = outcome.errors.get(rank)
+        if err is None:
+            problem = f"rank {rank} raised nothing (expected {want.error} matching {want.match!r})"
+        elif err.type != want.error or want.match not in err.message:
+            problem = (f"rank {rank} raised {err.type}: {err.message.splitlines()[0] if err.message else ''!s}"
+                       f" (expected {want.error} matching {want.match!r})")
+        else:
+            problem = None
+        checks.append(Check("rejection", problem is None, rank=rank,
+                            detail=problem or f"raised {want.error} matching {want.match!r}"))
+        if problem:
+            problems.append(problem)
+    known = case.divergence
+    if problems and known:
+        return Verdict(case, DIVERGED, checks=checks, rank_errors=outcome.errors,
+                       reason=f"known divergence: {known.reason} (repro: {known.repro}); {problems[0]}")
+    if problems:
+        return Verdict(case, FAILED, checks=checks, reason="; ".join(problems), rank_errors=outcome.errors)
+    if known:
+        reason = f"known divergence no longer reproduces ({known.repro}): every rank raised {want.error}"
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason)
+    return Verdict(case, PASSED, checks=checks, reason=f"every rank raised {want.error} matching {want.match!r}")
+
+
+def observed_facts(outcome) -> dict:
+    """What ran, per rank, in a form the summary can show: CE backend calls counted by backend."""
+    facts = {}
+    for rank, obs in sorted(outcome.observations.items()):
+        calls = obs.facts.get("loss_backend")
+        if calls:
+            counts: dict = {}
+            for backends in calls.values():
+                for b in backends:
+                    counts[b] = counts.get(b, 0) + 1
+            facts.setdefault("loss_backend_calls", {})[f"rank{rank}"] = counts
+        comm = obs.facts.get("collectives")
+        if comm:  # per micro-batch counts, each distinct set once (usually one for every micro-batch)
+            distinct = []
+            for counts in comm.values():
+                if counts not in distinct:
+                    distinct.append(counts)
+            facts.setdefault("collectives_per_micro", {})[f"rank{rank}"] = distinct
+    return facts

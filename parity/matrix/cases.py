@@ -1,0 +1,323 @@
+"""Declarative case matrices: TOML file -> validated, expanded, stably ordered cases.
+
+A file holds one or more ``[[matrix]]`` tables:
+
+    [[matrix]]
+    subject = "vocab_parallel"          # a name from parity.subjects.SUBJECTS
+    description = "..."                 # optional
+    markers = ["slow"]                  # optional extra pytest markers
+    [matrix.axes]                       # axis -> list of values (a scalar means one value)
+    dtype = ["fp32", "bf16"]
+    [[matrix.exclude]]                  # drop cases matching every key (values: scalar or list)
+    dtype = "fp16"
+    [[matrix.only]]                     # if present, keep only cases matching one of these
+    [matrix.expect]                     # default: parity; or a rejection:
+    error = "ValueError"
+    match = "message fragment"
+    [matrix.known_divergence]           # the subject is known to differ from the reference here:
+    reason = "why, in a sentence"
+    repro = "ci/repro/name.py"          # a standalone script a maintainer can run (must exist)
+    checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
+    [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
+    all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
+    "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
+    [matrix.collectives.first]          # on top, on the first micro-batch of the case only (one-time
+    all_gather_into_tensor = 1          # set-up, e.g. a shard-layout validation); parity/observe/collectives.py
+
+Axes not listed take their default. Cases come out in the cartesian order of the subject's axes
+and the file's value order, so the same file gives the same ids in the same order every time.
+"""
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from parity.matrix.axes import AXES
+from parity.subjects import SUBJECTS
+
+MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
+               "collectives")
+EXPECT_KEYS = ("error", "match")
+DIVERGENCE_KEYS = ("reason", "repro", "checks")
+CASES_DIR = Path(__file__).resolve().parents[2] / "cases"
+
+
+class CaseFileError(ValueError):
+    """A malformed case file: says which file, which key, and what is allowed."""
+
+    def __init__(self, path, key: str, problem: str, allowed: str | None = None):
+        self.path, self.key, self.problem, self.allowed = str(path), key, problem, allowed
+        text = f"{path}: {key}: {problem}"
+        if allowed:
+            text += f" (allowed: {allowed})"
+        super().__init__(text)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    error: str | None = None  # exception class name; None means numerical parity
+    match: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(frozen=True)
+class KnownDivergence:
+    reason: str
+    repro: str
+    checks: tuple = ()  # empty: any numerical check may fail
+
+    def covers(self, check_name: str) -> bool:
+        return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    subject: str
+    axes: tuple  # ((axis, value), ...) in the subject's order
+    expect: Expectation = field(default_factory=Expectation)
+    source: str = ""
+    markers: tuple = ()
+    divergence: KnownDivergence | None = None
+    collectives: tuple = ()  # ((kind or "kind@N", count), ...) per micro-batch, from [matrix.collectives]
+
+    @property
+    def values(self) -> dict:
+        return dict(self.axes)
+
+    def __getitem__(self, axis: str):
+        return dict(self.axes)[axis]
+
+    @property
+    def world_size(self) -> int:
+        return SUBJECTS[self.subject].world_size(self.values)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "subject": self.subject, "axes": self.values, "source": self.source,
+                "expect": {"error": self.expect.error, "match": self.expect.match} if self.expect.is_error
+                else "parity", "markers": list(self.markers),
+                "known_divergence": None if self.divergence is None else {
+                    "reason": self.divergence.reason, "repro": self.divergence.repro,
+                    "checks": list(self.divergence.checks)},
+                "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
+
+
+def case_id(subject: str, values: dict) -> str:
+    shown = [a for a in SUBJECTS[subject].axes if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
+    return "-".join([subject] + [AXES[a].label(values[a]) for a in shown])
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _check_value(path, key, axis_name, allowed_values, value):
+    axis = AXES[axis_name]
+    if not axis.accepts(value):
+        raise CaseFileError(path, key, f"bad value {value!r} for axis '{axis_name}'", axis.allowed())
+    if allowed_values is not None and value not in allowed_values:
+        raise CaseFileError(path, key, f"value {value!r} is not supported by this subject",
+                            ", ".join(map(repr, allowed_values)))
+
+
+def _rules(path, where, rules, subject) -> list[dict]:
+    if not isinstance(rules, list) or not all(isinstance(r, dict) and r for r in rules):
+        raise CaseFileError(path, where, "must be an array of non-empty tables ([[...]])")
+    checked = []
+    for i, rule in enumerate(rules):
+        entry = {}
+        for axis_name, raw in rule.items():
+            key = f"{where}[{i}].{axis_name}"
+            if axis_name not in subject.axes:
+                raise CaseFileError(path, key, f"unknown axis for subject '{subject.name}'", ", ".join(subject.axes))
+            values = _as_list(raw)
+            for v in values:
+                _check_value(path, key, axis_name, subject.axes[axis_name], v)
+            entry[axis_name] = values
+        checked.append(entry)
+    return checked
+
+
+def _matches(rule: dict, values: dict) -> bool:
+    return all(values[a] in allowed for a, allowed in rule.items())
+
+
+def expand_matrix(path, index: int, table: dict) -> list[Case]:
+    where = f"matrix[{index}]"
+    if not isinstance(table, dict):
+        raise CaseFileError(path, where, "must be a table")
+    for key in table:
+        if key not in MATRIX_KEYS:
+            raise CaseFileError(path, f"{where}.{key}", "unknown key", ", ".join(MATRIX_KEYS))
+    subject_name = table.get("subject")
+    if subject_name not in SUBJECTS:
+        raise CaseFileError(path, f"{where}.subject", f"unknown subject {subject_name!r}", ", ".join(SUBJECTS))
+    subject = SUBJECTS[subject_name]
+
+    axes_table = table.get("axes", {})
+    if not isinstance(axes_table, dict):
+        raise CaseFileError(path, f"{where}.axes", "must be a table of axis = [values]")
+    choices = {}
+    for axis_name in subject.axes:
+        raw = axes_table.get(axis_name, subject.defaults.get(axis_name, AXES[axis_name].default))
+        values = _as_list(raw)
+        if not values:
+            raise CaseFileError(path, f"{where}.axes.{axis_name}", "empty list of values")
+        for v in values:
+            _check_value(path, f"{where}.axes.{axis_name}", axis_name, subject.axes[axis_name], v)
+        choices[axis_name] = values
+    for axis_name in axes_table:
+        if axis_name not in subject.axes:
+            raise CaseFileError(path, f"{where}.axes.{axis_name}", f"unknown axis for subject '{subject_name}'",
+                                ", ".join(subject.axes))
+
+    excludes = _rules(path, f"{where}.exclude", table.get("exclude", []), subject)
+    onlys = _rules(path, f"{where}.only", table["only"], subject) if "only" in table else None
+
+    expect_table = table.get("expect", {})
+    if not isinstance(expect_table, dict):
+        raise CaseFileError(path, f"{where}.expect", "must be a table with error and match")
+    for key in expect_table:
+        if key not in EXPECT_KEYS:
+            raise CaseFileError(path, f"{where}.expect.{key}", "unknown key", ", ".join(EXPECT_KEYS))
+    if "match" in expect_table and "error" not in expect_table:
+        raise CaseFileError(path, f"{where}.expect.match", "given without expect.error")
+    expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
+
+    divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
+    if divergence and expect.is_error and divergence.checks:
+        # A rejection that does not happen is the whole divergence: there are no checks to name.
+        raise CaseFileError(path, f"{where}.known_divergence.checks", "not allowed with expect.error")
+
+    declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
+    if declared and expect.is_error:
+        raise CaseFileError(path, f"{where}.collectives", "cannot be combined with expect.error")
+
+    markers = table.get("markers", [])
+    if not isinstance(markers, list) or not all(isinstance(m, str) and m.isidentifier() for m in markers):
+        raise CaseFileError(path, f"{where}.markers", "must be a list of identifiers", "e.g. [\"slow\"]")
+
+    cases = []
+    for combo in itertools.product(*choices.values()):
+        values = dict(zip(choices, combo))
+        if any(_matches(r, values) for r in excludes):
+            continue
+        if onlys is not None and not any(_matches(r, values) for r in onlys):
+            continue
+        cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
+                          expect=expect, source=f"{path}:{where}", divergence=divergence, collectives=declared,
+                          markers=tuple(subject.markers(values)) + tuple(markers)))
+    if not cases:
+        raise CaseFileError(path, where, "expands to no cases (check axes, exclude and only)")
+    return cases
+
+
+def _display(path: Path) -> str:
+    """Repository-relative where possible, so ids, sources and repro commands read the same everywhere."""
+    try:
+        return str(path.resolve().relative_to(CASES_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def _divergence(path, where, table) -> KnownDivergence | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise CaseFileError(path, where, "must be a table", ", ".join(DIVERGENCE_KEYS))
+    for key in table:
+        if key not in DIVERGENCE_KEYS:
+            raise CaseFileError(path, f"{where}.{key}", "unknown key", ", ".join(DIVERGENCE_KEYS))
+    for key in ("reason", "repro"):
+        if not isinstance(table.get(key), str) or not table[key].strip():
+            raise CaseFileError(path, f"{where}.{key}", "required, a non-empty string")
+    if not (CASES_DIR.parent / table["repro"]).is_file():
+        raise CaseFileError(path, f"{where}.repro", f"no such file {table['repro']!r} (relative to the repo root)")
+    checks = table.get("checks", [])
+    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+        raise CaseFileError(path, f"{where}.checks", "must be a list of check names")
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks))
+
+
+def _collectives(path, where, table) -> tuple:
+    from parity.observe.collectives import KINDS
+
+    if table is None:
+        return ()
+    allowed = ", ".join(KINDS) + " (each optionally '@<group size>'), or a [first] table"
+    if not isinstance(table, dict) or not table:
+        raise CaseFileError(path, where, "must be a non-empty table of kind = count", allowed)
+    out = []
+    for key, n in table.items():
+        if key == "first":  # extra collectives of the case's first micro-batch only (one-time set-up)
+            out.append(("first", _collectives(path, f"{where}.first", n)))
+            continue
+        kind, _, size = key.partition("@")
+        if kind not in KINDS or (_ and not (size.isdigit() and int(size) > 0)) or where.endswith(".first.first"):
+            raise CaseFileError(path, f"{where}.{key}", "unknown collective", allowed)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise CaseFileError(path, f"{where}.{key}", f"bad count {n!r}", "an integer >= 0")
+        out.append((key, n))
+    return tuple(out)
+
+
+def load_file(path) -> list[Case]:
+    path = Path(path)
+    shown = _display(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseFileError(path, "(syntax)", str(exc)) from None
+    except OSError as exc:
+        raise CaseFileError(path, "(file)", exc.strerror or str(exc)) from None
+    for key in data:
+        if key != "matrix":
+            raise CaseFileError(path, key, "unknown top-level key", "matrix")
+    matrices = data.get("matrix")
+    if not isinstance(matrices, list) or not matrices:
+        raise CaseFileError(path, "matrix", "no [[matrix]] tables")
+    cases = [c for i, m in enumerate(matrices) for c in expand_matrix(shown, i, m)]
+    return _unique(cases)
+
+
+def _unique(cases: list[Case]) -> list[Case]:
+    seen = {}
+    for c in cases:
+        if c.id in seen:
+            raise CaseFileError(c.source, "id", f"duplicate case id {c.id!r}, also produced by {seen[c.id]}")
+        seen[c.id] = c.source
+    return cases
+
+
+def default_files() -> list[Path]:
+    return sorted(CASES_DIR.glob("*.toml"))
+
+
+def load(paths=None) -> list[Case]:
+    files = [Path(p) for p in paths] if paths else default_files()
+    return _unique([c for f in files for c in load_file(f)])
+
+
+def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None):
+    """The cases a command line picks: by device, then exact ids (in the order given) or a -k expression.
+    Shared by `parity list/run`, the torchrun launcher and pytest-free tools, so they all agree."""
+    if device:
+        cases = [c for c in cases if c.values.get("device", "cpu") == device]
+    if case_ids:
+        by_id = {c.id: c for c in cases}
+        unknown = [i for i in case_ids if i not in by_id]
+        if unknown:
+            raise SystemExit(f"parity: no case with id {unknown[0]!r} (see `parity list`)")
+        return [by_id[i] for i in case_ids]
+    if keyword:
+        # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(keyword)
+        cases = [c for c in cases if expr.evaluate(lambda term, c=c: term.lower() in c.id.lower())]
+    return cases

@@ -1,0 +1,731 @@
+"""Planted bugs the suite must catch: a hand-written catalog of semantic mutants.
+
+Generic mutation tools flip operators and constants; the bugs that matter in a tensor-parallel
+head are "this all-reduce is missing", "this shard offset is wrong", "this denominator is local".
+Each mutant here is one such bug, written as a small runtime patch of DeepSpeed 0.19.8 (or of the
+suite's own references), and ``ci/mutation_check.py`` checks that the suite fails with it.
+
+Where a mutant is applied matters:
+
+- ``where="rank"``: DeepSpeed code runs only in the spawned rank processes. The parent sets
+  ``PARITY_MUTANT=<name>`` before it creates a ``parity.harness.runner.Runner``; every rank process of
+  that runner inherits it and ``parity.harness.rank_worker`` applies the patch once, at rank start.
+- ``where="parent"``: the references (``references/``) are trained in the parent process by
+  ``parity.checks.compare.reference_pair``, so a reference mutant is applied there, in-process, and
+  undone afterwards. It must NOT reach the ranks: the column-gathered subject computes its loss
+  with the suite's own CE (``references.tiny_lm.causal_lm_loss``), so the same wrong CE on both
+  sides would agree with itself and the mutant would survive for the wrong reason.
+
+A mutant with ``equivalent`` set (none at present) is one the current matrix cannot tell from the
+original, with the reason; it is expected to survive, and one that is *killed* means the suite rejected a
+correct implementation (a false alarm), which the mutation check also reports as a failure.
+
+Every patched function mirrors the upstream code line for line except for the planted change,
+so a mutant differs from DeepSpeed in exactly one way.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+ENV_VAR = "PARITY_MUTANT"
+COLUMN, VOCAB = "column_gathered", "vocab_parallel"
+ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
+EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
+D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
+DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
+DS_LIGER_NO_GROUP = "ds_liger_no_group"
+HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
+# Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
+FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
+            DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str  # what it breaks
+    replaces: str  # the upstream function it replaces (dotted path)
+    observable: str  # the check expected to catch it
+    families: tuple  # case families (subjects) it applies to
+    patch: Callable[[], Callable[[], None]] = field(repr=False)  # applies; returns an undo
+    where: str = "rank"  # "rank" (inside every rank process) or "parent" (where references run)
+    equivalent: str | None = None  # why the current matrix cannot kill it, if it cannot
+
+    def apply(self) -> Callable[[], None]:
+        """Monkeypatch the target; returns a function that restores the original."""
+        return self.patch()
+
+
+def _swap(owner, attr: str, new) -> Callable[[], None]:
+    old = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+    setattr(owner, attr, new)
+    return lambda: setattr(owner, attr, old)
+
+
+def _layers():
+    from deepspeed.module_inject import layers
+
+    return layers
+
+
+def _ce():
+    import importlib
+
+    return importlib.import_module("deepspeed.sequence.cross_entropy")
+
+
+# -- ColumnParallel / GatherFromTensorParallelRegion / LinearLayer ------------------------------------
+
+def _column_backward_no_allreduce():
+    def backward(ctx, grad_output):
+        return None, grad_output  # upstream all-reduces grad_output over ctx.group first
+
+    return _swap(_layers().ColumnParallel, "backward", staticmethod(backward))
+
+
+def _column_backward_world_group():
+    layers = _layers()
+    pg_utils, dist = layers.pg_utils, layers.dist
+
+    def backward(ctx, grad_output):
+        if not pg_utils.is_parallel(ctx.group):
+            return None, grad_output
+        dist.all_reduce(grad_output.contiguous())  # upstream: group=ctx.group
+        return None, grad_output
+
+    return _swap(layers.ColumnParallel, "backward", staticmethod(backward))
+
+
+def _gather_backward_rank0_slice():
+    def backward(ctx, grad_output):
+        shard_offset = 0  # upstream: sum(ctx.partition_sizes[:ctx.tp_index])
+        shard_size = ctx.partition_sizes[ctx.tp_index]
+        grad_input = grad_output.narrow(-1, shard_offset, shard_size).contiguous()
+        return None, grad_input, None
+
+    return _swap(_layers().GatherFromTensorParallelRegion, "backward", staticmethod(backward))
+
+
+def _gather_forward_reversed():
+    layers = _layers()
+    cls = layers.GatherFromTensorParallelRegion
+    dist = layers.dist
+
+    def forward(ctx, group, input, partition_sizes):
+        ctx.group = group
+        ctx.partition_sizes = partition_sizes
+        ctx.tp_index = 0
+        tp_world_size = len(partition_sizes)
+        if group is None or tp_world_size == 1:
+            return input
+        ctx.tp_index = dist.get_rank(group=group)
+        local_size = partition_sizes[ctx.tp_index]
+        assert local_size == input.shape[-1]
+        max_partition_size = max(partition_sizes)
+        if local_size == max_partition_size:
+            input_padded = input.contiguous()
+        else:
+            input_padded = input.new_zeros((*input.shape[:-1], max_partition_size))
+            input_padded[..., :local_size].copy_(input)
+        buffer = input.new_empty((tp_world_size * input_padded.shape[0], *input_padded.shape[1:]))
+        dist.all_gather_into_tensor(buffer, input_padded, group=group)
+        shards = buffer.view(tp_world_size, *input_padded.shape)
+        # upstream concatenates shards 0..tp-1; this one tp-1..0
+        return torch_cat([shards[i].narrow(-1, 0, size) for i, size in reversed(list(enumerate(partition_sizes)))])
+
+    return _swap(cls, "forward", staticmethod(forward))
+
+
+def torch_cat(tensors):
+    import torch
+
+    return torch.cat(tensors, dim=-1)
+
+
+def _add_bias(times: int):
+    def add_bias(input, bias):
+        if bias is None:
+            return input
+        for _ in range(times):  # upstream adds it once (out of place in training mode)
+            input = input + bias
+        return input
+
+    return lambda: _swap(_layers(), "add_bias", add_bias)
+
+
+def _linear_weight_detached():
+    layers = _layers()
+
+    def forward(self, input):
+        self._assert_compiled_if_deferred()
+        if getattr(self, "mp_group", None) is not None and not self.defer_collectives_to_compiler:
+            input = layers.ColumnParallel.apply(self.mp_group, input)
+        output = input.matmul(self.weight.detach().transpose(-1, -2))  # upstream: self.weight
+        if self.bias is not None:
+            output = layers.add_bias(output, self.bias)
+        if self.gather_output:
+            output = layers.GatherFromTensorParallelRegion.apply(self.mp_group, output, self._partition_sizes)
+        return output
+
+    return _swap(layers.LinearLayer, "forward", forward)
+
+
+def _column_forward_extra_allreduce():
+    layers = _layers()
+    pg_utils, dist = layers.pg_utils, layers.dist
+
+    def forward(ctx, group, input):
+        ctx.group = group
+        if pg_utils.is_parallel(group):
+            # upstream issues no collective here; the input is replicated, so a MAX all-reduce of a
+            # copy leaves every number as it was: a stray synchronizing collective per call
+            dist.all_reduce(input.detach().clone(), op=dist.ReduceOp.MAX, group=group)
+        return input
+
+    return _swap(layers.ColumnParallel, "forward", staticmethod(forward))
+
+
+# -- RowParallel / ScatterToTensorParallelRegion / LinearAllreduce (row-parallel heads) --------------
+
+def _scatter_backward(reduce=True, offset_zero=False):
+    def patch():
+        layers = _layers()
+        pg_utils, dist = layers.pg_utils, layers.dist
+
+        def backward(ctx, grad_output):
+            grad_input = grad_output.new_zeros(ctx.input_shape)
+            offset = 0 if offset_zero else ctx.offset  # upstream: ctx.offset
+            grad_input.narrow(-1, offset, ctx.size).copy_(grad_output)
+            if reduce and pg_utils.is_parallel(ctx.group):  # upstream: always all-reduces
+                dist.all_reduce(grad_input, group=ctx.group)
+            return None, grad_input, None, None
+
+        return _swap(layers.ScatterToTensorParallelRegion, "backward", staticmethod(backward))
+
+    return patch
+
+
+def _row_forward(reduce=True, bias_first=False):
+    def patch():
+        layers = _layers()
+
+        def forward(self, input):
+            self._assert_compiled_if_deferred()
+            output = torch_matmul_t(input, self.weight)
+            if bias_first and self.bias is not None:  # upstream adds the replicated bias after the reduce
+                output = layers.add_bias(output, self.bias)
+            if reduce and not self.defer_collectives_to_compiler:  # upstream: always RowParallel
+                output = layers.RowParallel.apply(self.mp_group, output, not self.is_training_mode())
+            if not bias_first and self.bias is not None:
+                output = layers.add_bias(output, self.bias)
+            return output
+
+        return _swap(layers.LinearAllreduce, "forward", forward)
+
+    return patch
+
+
+def torch_matmul_t(input, weight):
+    import torch
+
+    return torch.matmul(input, weight.transpose(-1, -2))
+
+
+# -- HiddenParallelEmbedding / VocabParallelEmbedding (tied heads, direct embedding) -----------------
+
+def _hidden_embedding_weight_detached():
+    layers = _layers()
+    F = layers.F
+
+    def forward(self, input):
+        self._assert_compiled_if_deferred()
+        output = F.embedding(input, self.weight.detach(),  # upstream: self.weight
+                             padding_idx=self.padding_idx, scale_grad_by_freq=self.scale_grad_by_freq)
+        if self.is_tp_parallel:
+            output = layers.GatherFromTensorParallelRegion.apply(self.mp_group, output, self._partition_sizes)
+        if self.embed_scale is not None:
+            output = output * self.embed_scale.to(self.weight.dtype)
+        return output
+
+    return _swap(layers.HiddenParallelEmbedding, "forward", forward)
+
+
+def _vocab_embedding(first_excluded=False, reduce=True):
+    def patch():
+        layers = _layers()
+        F = layers.F
+
+        def forward(self, input):
+            self._assert_compiled_if_deferred()
+            if not self.is_tp_parallel:
+                output = F.embedding(input, self.weight, padding_idx=self.padding_idx)
+            else:
+                if first_excluded:  # upstream: input < self.vocab_start_index
+                    input_mask = (input <= self.vocab_start_index) | (input >= self.vocab_end_index)
+                else:
+                    input_mask = (input < self.vocab_start_index) | (input >= self.vocab_end_index)
+                local_input = (input - self.vocab_start_index).masked_fill(input_mask, 0)
+                output = F.embedding(local_input, self.weight, padding_idx=self.padding_idx)
+                output = output.masked_fill(input_mask.unsqueeze(-1), 0.0)
+                if reduce:  # upstream: always RowParallel (the all-reduce of the partial lookups)
+                    output = layers.RowParallel.apply(self.mp_group, output, not self.is_training_mode())
+            if self.embed_scale is not None:
+                output = output * self.embed_scale.to(self.weight.dtype)
+            return output
+
+        return _swap(layers.VocabParallelEmbedding, "forward", forward)
+
+    return patch
+
+
+# -- _VocabParallelLinearCrossEntropy (fused linear + CE) --------------------------------------------
+
+def _fused():
+    import importlib
+
+    return importlib.import_module("deepspeed.sequence.linear_cross_entropy")
+
+
+def _fused_forward_mutant(reduce_stats=True, chunk_offset_zero=False):
+    def patch():
+        import torch
+
+        lce = _fused()
+        dist, pg_utils, _fp32_logits = lce.dist, lce.pg_utils, lce._fp32_logits
+        import math
+
+        def forward(ctx, hidden, weight, bias, target, tp_group, vocab_start_index, vocab_end_index, ignore_index,
+                    chunk_rows, compute_dtype):
+            num_tokens = hidden.shape[0]
+            local_vocab_size = weight.shape[0]
+            tp_active = pg_utils.is_parallel(tp_group)
+            hidden_compute = hidden.to(compute_dtype)
+            weight_compute = weight.to(compute_dtype)
+            bias_compute = None if bias is None else bias.to(compute_dtype)
+            valid = target != ignore_index
+            in_shard = valid & (target >= vocab_start_index) & (target < vocab_end_index)
+            local_target = (target - vocab_start_index).clamp(0, local_vocab_size - 1)
+            loss = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
+            row_max = torch.empty_like(loss)
+            row_sum_exp = torch.empty_like(loss)
+            for start in range(0, num_tokens, chunk_rows):
+                end = min(start + chunk_rows, num_tokens)
+                # upstream: the chunk's own targets [start:end]; this one reads them from row 0 on
+                t0, t1 = (0, end - start) if chunk_offset_zero else (start, end)
+                logits = _fp32_logits(hidden_compute[start:end], weight_compute, bias_compute)
+                chunk_max = logits.amax(dim=-1)
+                if tp_active:
+                    dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=tp_group)
+                logits.sub_(chunk_max.unsqueeze(-1))
+                target_logit = logits.gather(-1, local_target[t0:t1].unsqueeze(-1)).squeeze(-1)
+                target_logit = torch.where(in_shard[t0:t1], target_logit, torch.zeros_like(target_logit))
+                stats = torch.stack([logits.exp_().sum(dim=-1), target_logit], dim=-1)
+                if tp_active and reduce_stats:  # upstream: always sums (exp-sum, target logit) over TP
+                    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=tp_group)
+                sum_exp, target_logit = stats.unbind(-1)
+                row_max[start:end] = chunk_max
+                row_sum_exp[start:end] = sum_exp
+                loss[start:end] = torch.where(valid[start:end], sum_exp.log() - target_logit,
+                                              torch.zeros_like(sum_exp))
+            ctx.save_for_backward(hidden, weight, bias, valid, in_shard, local_target, row_max, row_sum_exp)
+            ctx.tp_group = tp_group
+            ctx.compute_dtype = compute_dtype
+            num_chunks = math.ceil(num_tokens / chunk_rows) if num_tokens else 1
+            ctx.block_cols = max(1, math.ceil(local_vocab_size / num_chunks))
+            return loss
+
+        return _swap(lce._VocabParallelLinearCrossEntropy, "forward", staticmethod(forward))
+
+    return patch
+
+
+def _fused_backward_hidden_not_reduced():
+    lce = _fused()
+    cls = lce._VocabParallelLinearCrossEntropy
+    original = cls.__dict__["backward"]
+    pg_utils = lce.pg_utils
+
+    def backward(ctx, grad_loss):
+        # upstream all-reduces the partial hidden gradient over tp_group; make that group look
+        # unparallel to this call only, so every other line runs as upstream
+        real = pg_utils.is_parallel
+        pg_utils.is_parallel = lambda group: False if group is ctx.tp_group else real(group)
+        try:
+            return original.__func__(ctx, grad_loss)
+        finally:
+            pg_utils.is_parallel = real
+
+    return _swap(cls, "backward", staticmethod(backward))
+
+
+# -- LigerVocabParallelCEFunction (Liger-Kernel 0.8.5) -----------------------------------------------
+
+def _liger_function():
+    from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
+
+    return LigerVocabParallelCEFunction
+
+
+def _liger_backward_vocab_start_zero():
+    cls = _liger_function()
+    original = cls.__dict__["forward"].__func__
+
+    def forward(ctx, *args):
+        loss = original(ctx, *args)
+        ctx.vocab_start = 0  # upstream: rank * v_local; every rank's backward takes rank 0's shard start
+        return loss
+
+    return _swap(cls, "forward", staticmethod(forward))
+
+
+def _liger_local_group():
+    cls = _liger_function()
+    original = cls.__dict__["forward"].__func__
+
+    def forward(ctx, logits, target, tp_group, *rest):
+        # upstream passes tp_group: without it every all-reduce is skipped and vocab_start is 0
+        return original(ctx, logits, target, None, *rest)
+
+    return _swap(cls, "forward", staticmethod(forward))
+
+
+# -- _VocabParallelCrossEntropy ---------------------------------------------------------------------
+
+def _ce_forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index, vocab_end_index, ignore_index, *,
+                max_mode="allreduce", reduce_sum=True, reduce_target=True, start_shift=0):
+    """Upstream _VocabParallelCrossEntropy.forward with switches for the planted changes."""
+    import torch
+
+    ce = _ce()
+    dist, pg_utils = ce.dist, ce.pg_utils
+    vocab_start_index = vocab_start_index + start_shift
+    target = target.to(dtype=torch.long)
+    logits = vocab_parallel_logits.float()
+    local_vocab_size = logits.shape[-1]
+
+    local_max = logits.amax(dim=-1)
+    global_max = local_max.clone()
+    if pg_utils.is_parallel(tp_group):
+        if max_mode == "allreduce":
+            dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=tp_group)
+        elif max_mode == "rank0":
+            dist.broadcast(global_max, src=dist.get_global_rank(tp_group, 0), group=tp_group)
+        # max_mode == "local": no collective, each rank shifts by its own max
+
+    exp_logits = torch.exp(logits - global_max.unsqueeze(-1))
+    global_sum_exp = exp_logits.sum(dim=-1)
+    if reduce_sum and pg_utils.is_parallel(tp_group):
+        dist.all_reduce(global_sum_exp, op=dist.ReduceOp.SUM, group=tp_group)
+
+    valid_target = target != ignore_index
+    target_in_partition = valid_target & (target >= vocab_start_index) & (target < vocab_end_index)
+    local_target = (target - vocab_start_index).clamp(min=0, max=local_vocab_size - 1)
+    target_logits = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
+    target_logits = torch.where(target_in_partition, target_logits, torch.zeros_like(target_logits))
+    if reduce_target and pg_utils.is_parallel(tp_group):
+        dist.all_reduce(target_logits, op=dist.ReduceOp.SUM, group=tp_group)
+
+    loss = torch.log(global_sum_exp) + global_max - target_logits
+    loss = torch.where(valid_target, loss, torch.zeros_like(loss))
+
+    ctx.save_for_backward(exp_logits, global_sum_exp, local_target, target_in_partition, valid_target)
+    ctx.logits_dtype = vocab_parallel_logits.dtype
+    return loss
+
+
+def _ce_forward_mutant(**switches):
+    def patch():
+        def forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index, vocab_end_index, ignore_index):
+            return _ce_forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index, vocab_end_index,
+                               ignore_index, **switches)
+
+        return _swap(_ce()._VocabParallelCrossEntropy, "forward", staticmethod(forward))
+
+    return patch
+
+
+def _ce_backward_no_target_term():
+    def backward(ctx, grad_output):
+        exp_logits, global_sum_exp, local_target, target_in_partition, valid_target = ctx.saved_tensors
+        grad_logits = exp_logits / global_sum_exp.unsqueeze(-1)
+        # upstream subtracts 1 at the target (scatter_add_ of -target_in_partition) here
+        grad_logits *= valid_target.unsqueeze(-1).to(dtype=grad_logits.dtype)
+        grad_logits *= grad_output.to(dtype=grad_logits.dtype).unsqueeze(-1)
+        return grad_logits.to(dtype=ctx.logits_dtype), None, None, None, None, None
+
+    return _swap(_ce()._VocabParallelCrossEntropy, "backward", staticmethod(backward))
+
+
+def _ce_mean_counts_ignored():
+    ce = _ce()
+    original = ce.vocab_parallel_cross_entropy
+
+    def vocab_parallel_cross_entropy(vocab_parallel_logits, target, *args, reduction="mean", **kwargs):
+        if reduction != "mean":
+            return original(vocab_parallel_logits, target, *args, reduction=reduction, **kwargs)
+        loss_sum = original(vocab_parallel_logits, target, *args, reduction="sum", **kwargs)
+        # upstream divides by (target != ignore_index).sum(): the ignored tokens are not counted
+        return loss_sum / max(target.numel(), 1)
+
+    return _swap(ce, "vocab_parallel_cross_entropy", vocab_parallel_cross_entropy)
+
+
+def _causal_loss_ignores_num_items():
+    cls = _ce().VocabParallelCausalLMLoss
+    original = cls.__call__
+
+    def __call__(self, logits, labels=None, vocab_size=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        # upstream: sum / num_items_in_batch when given one; this one always takes the local mean
+        return original(self, logits, labels=labels, vocab_size=vocab_size, shift_labels=shift_labels,
+                        num_items_in_batch=None, **kwargs)
+
+    return _swap(cls, "__call__", __call__)
+
+
+# -- the suite's own references (parent process) ------------------------------------------------------
+
+def _reference_no_causal_shift():
+    import references.tiny_lm as tiny_lm
+    from references import loss as ref_loss
+
+    def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None):
+        # upstream (references/loss.py): logits[..., :-1, :] predict labels[..., 1:]
+        losses = ref_loss.token_losses(logits, labels, ignore_index)
+        if reduction == "none":
+            return losses[..., 1:]  # keep the [B, T-1] shape, so only the values can give it away
+        total = losses.sum()
+        if reduction == "sum":
+            return total
+        if reduction == "num_items":
+            return total / max(int(num_items_in_batch), 1)
+        return total / (labels != ignore_index).sum().clamp_min(1)
+
+    return _swap(tiny_lm, "causal_lm_loss", causal_lm_loss)
+
+
+def _reference_grad_not_divided_by_gas():
+    import references.trajectory as trajectory
+
+    original = trajectory._scalar
+
+    def scalar(loss, reduction):
+        value = original(loss, reduction)
+        return _NoDivide(value)
+
+    return _swap(trajectory, "_scalar", scalar)
+
+
+class _NoDivide:
+    """Wraps the loss so that '/ micro_batches' in train_reference is a no-op."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __truediv__(self, _):  # upstream: (loss / micro_batches).backward()
+        return self.value
+
+
+def _inference_head_offset_zero():
+    import torch
+    from deepspeed.module_inject import layers
+
+    def forward(self, input):
+        input_shard_sizes = self._partition_sizes
+        assert sum(input_shard_sizes) == input.shape[-1]
+        input_shard_size = input_shard_sizes[self.tp_index]
+        input_shard_offset = 0  # planted: upstream is sum(input_shard_sizes[0:self.tp_index])
+        output = torch.matmul(input[:, :, input_shard_offset:input_shard_offset + input_shard_size],
+                              self.weight.transpose(-1, -2))
+        if layers.pg_utils.is_parallel(self.mp_group):
+            layers.dist.inference_all_reduce(output, group=self.mp_group)
+        if self.bias is not None:
+            output = layers.add_bias(output, self.bias)
+        return output
+
+    return _swap(layers.LmHeadLinearAllreduce, "forward", forward)
+
+
+def _autotp_accepts_empty_vocab_shard():
+    from deepspeed.module_inject import auto_tp
+
+    def _validate_vocab_parallel_layer(self, child, name):
+        tied_embeddings = self._find_tied_embedding_modules(child)
+        for _, _, embedding, _ in tied_embeddings:
+            auto_tp.VocabParallelEmbedding.validate_embedding(embedding)
+        # planted: upstream raises ValueError("vocab_parallel_lm_head requires nonempty vocabulary
+        # shards ...") here when a shard would be empty
+        return tied_embeddings
+
+    return _swap(auto_tp.AutoTP, "_validate_vocab_parallel_layer", _validate_vocab_parallel_layer)
+
+
+MUTANTS = [
+    Mutant("column_backward_no_allreduce",
+           "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
+           "reaching the head input misses the other shards' terms",
+           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN),
+           _column_backward_no_allreduce),
+    Mutant("column_backward_world_group",
+           "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",
+           "deepspeed.module_inject.layers.ColumnParallel.backward",
+           "head_input_grad at TP=2 x DP=2 (world 4: the other replica's gradient is added in); at dp=1 the "
+           "world group IS the TP group and only this case can tell", (COLUMN,),
+           _column_backward_world_group),
+    Mutant("gather_backward_rank0_slice",
+           "GatherFromTensorParallelRegion.backward narrows the gathered gradient at offset 0 on every rank: "
+           "rank 1 trains its shard with rank 0's logit gradient",
+           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.backward",
+           "head_input_grad (all-reduced, so on every rank); grad[head.weight] on rank 1",
+           (COLUMN,), _gather_backward_rank0_slice),
+    Mutant("gather_forward_reversed",
+           "GatherFromTensorParallelRegion.forward concatenates the shards in reverse rank order",
+           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.forward", "logits", (COLUMN, D_COLUMN, HF_COLUMN),
+           _gather_forward_reversed),
+    Mutant("bias_not_added", "add_bias returns the matmul output without the (sharded) bias",
+           "deepspeed.module_inject.layers.add_bias", "logits (bias cases)", (COLUMN, VOCAB), _add_bias(0)),
+    Mutant("bias_added_twice", "add_bias adds the (sharded) bias twice",
+           "deepspeed.module_inject.layers.add_bias", "logits (bias cases)", (COLUMN, VOCAB), _add_bias(2)),
+    Mutant("linear_weight_detached",
+           "LinearLayer.forward multiplies by weight.detach(): the head's weight gets no gradient and never trains",
+           "deepspeed.module_inject.layers.LinearLayer.forward", "grad[lm_head.weight] / grad_nonzero",
+           (COLUMN, VOCAB), _linear_weight_detached),
+    Mutant("ce_local_max",
+           "_VocabParallelCrossEntropy shifts by each rank's local max (MAX all-reduce dropped): the shards' "
+           "exp-sums are added at different scales and the loss adds back a rank-dependent max",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
+           (VOCAB, DS_CE), _ce_forward_mutant(max_mode="local")),
+    Mutant("ce_rank0_max",
+           "_VocabParallelCrossEntropy shifts by TP rank 0's local max (a broadcast) instead of the global max "
+           "(a MAX all-reduce); softmax is shift-invariant, so every number agrees (only the overflow guard "
+           "is lost, which |logit| < 2 never needs): numerically equivalent, caught by the collective counts",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward",
+           "collectives (a broadcast instead of an all_reduce; numbers agree)", (VOCAB,),
+           _ce_forward_mutant(max_mode="rank0")),
+    Mutant("ce_local_sum_exp",
+           "_VocabParallelCrossEntropy uses the local sum of exp as the softmax denominator (SUM all-reduce dropped)",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
+           (VOCAB, DS_CE, TIED_VOCAB, D_VOCAB, HF_TIED), _ce_forward_mutant(reduce_sum=False)),
+    Mutant("ce_target_logit_not_reduced",
+           "_VocabParallelCrossEntropy drops the all-reduce of the predicted (target) logit: ranks that do not own "
+           "the target use 0",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
+           (VOCAB, DS_CE), _ce_forward_mutant(reduce_target=False)),
+    Mutant("ce_vocab_start_off_by_one",
+           "_VocabParallelCrossEntropy uses vocab_start_index + 1: the first target of each shard belongs to no "
+           "rank and the others are looked up one column to the left",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
+           (VOCAB, DS_CE), _ce_forward_mutant(start_shift=1)),
+    Mutant("ce_backward_no_target_term",
+           "_VocabParallelCrossEntropy.backward returns softmax without subtracting the one-hot target",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.backward", "head_input_grad",
+           (VOCAB, DS_CE, DS_LIGER_NO_GROUP), _ce_backward_no_target_term),
+    Mutant("ce_mean_counts_ignored",
+           "vocab_parallel_cross_entropy's mean divides by every token, ignored ones included",
+           "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy", "loss (mean, scattered ignores)",
+           (VOCAB, DS_CE), _ce_mean_counts_ignored),
+    Mutant("causal_loss_ignores_num_items",
+           "VocabParallelCausalLMLoss drops num_items_in_batch and returns the micro-batch mean",
+           "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (num_items)",
+           (VOCAB,), _causal_loss_ignores_num_items),
+    Mutant("column_forward_extra_allreduce",
+           "ColumnParallel.forward issues a MAX all-reduce of (a copy of) its replicated input: every number "
+           "is unchanged, one extra TP collective per head call",
+           "deepspeed.module_inject.layers.ColumnParallel.forward", "collectives (numbers agree)",
+           (COLUMN, VOCAB), _column_forward_extra_allreduce),
+    Mutant("scatter_backward_no_allreduce",
+           "ScatterToTensorParallelRegion.backward returns this rank's zero-padded input-gradient slice without "
+           "the all-reduce: the gradient reaching the row-parallel head's input misses the other hidden slices",
+           "deepspeed.module_inject.layers.ScatterToTensorParallelRegion.backward", "head_input_grad",
+           (ROW, TIED_ROW, D_ROW, HF_ROW), _scatter_backward(reduce=False)),
+    Mutant("scatter_backward_offset_zero",
+           "ScatterToTensorParallelRegion.backward writes every rank's gradient slice at hidden offset 0",
+           "deepspeed.module_inject.layers.ScatterToTensorParallelRegion.backward", "head_input_grad",
+           (ROW,), _scatter_backward(offset_zero=True)),
+    Mutant("row_forward_no_allreduce",
+           "LinearAllreduce.forward skips RowParallel: each rank's logits are its hidden slice's partial sum",
+           "deepspeed.module_inject.layers.LinearAllreduce.forward", "logits",
+           (ROW, TIED_ROW, D_ROW, HF_ROW), _row_forward(reduce=False)),
+    Mutant("row_bias_before_reduce",
+           "LinearAllreduce.forward adds the replicated bias before the all-reduce: the bias is counted tp times",
+           "deepspeed.module_inject.layers.LinearAllreduce.forward", "logits (bias cases)",
+           (ROW, TIED_ROW), _row_forward(bias_first=True)),
+    Mutant("hidden_embedding_weight_detached",
+           "HiddenParallelEmbedding.forward looks up weight.detach(): the tied weight gets the projection's "
+           "gradient only, not the lookup's (the seed PR's own mutation)",
+           "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "grad[embed_tokens.weight]",
+           (TIED_ROW,), _hidden_embedding_weight_detached),
+    Mutant("vocab_embedding_first_row_masked",
+           "VocabParallelEmbedding.forward masks input <= vocab_start (off by one): the first token of every "
+           "shard is looked up by no rank and embeds to zeros",
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
+           (TIED_VOCAB, EMBED), _vocab_embedding(first_excluded=True)),
+    Mutant("vocab_embedding_no_allreduce",
+           "VocabParallelEmbedding.forward returns the masked local lookup without the all-reduce",
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
+           (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
+    Mutant("fused_ce_local_sum_exp",
+           "_VocabParallelLinearCrossEntropy.forward drops the SUM all-reduce of (exp-sum, target logit): local "
+           "denominator, and the target logit only on its owning rank",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward", "loss",
+           (FUSED_CE,), _fused_forward_mutant(reduce_stats=False)),
+    Mutant("fused_ce_chunk_targets_from_row0",
+           "_VocabParallelLinearCrossEntropy.forward reads each token chunk's targets from row 0 instead of the "
+           "chunk start (a chunk-boundary bug: only the first chunk is right)",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward", "loss (chunk 5)",
+           (FUSED_CE,), _fused_forward_mutant(chunk_offset_zero=True)),
+    Mutant("fused_ce_hidden_grad_not_reduced",
+           "_VocabParallelLinearCrossEntropy.backward skips the all-reduce of the partial hidden gradient",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.backward", "hidden_grad",
+           (FUSED_CE,), _fused_backward_hidden_not_reduced),
+    Mutant("liger_backward_vocab_start_zero",
+           "LigerVocabParallelCEFunction's backward takes vocab_start 0 on every rank: rank r>0 subtracts the "
+           "one-hot at targets of rank 0's shard",
+           "liger_kernel.ops.vocab_parallel_cross_entropy.LigerVocabParallelCEFunction.forward (ctx.vocab_start)",
+           "logits_grad", (LIGER_CE, DS_LIGER), _liger_backward_vocab_start_zero),
+    Mutant("liger_no_tp_group",
+           "LigerVocabParallelCEFunction.forward runs without its tp_group: no all-reduce (local max, sum and "
+           "target logit) and vocab_start 0",
+           "liger_kernel.ops.vocab_parallel_cross_entropy.LigerVocabParallelCEFunction.forward", "loss",
+           (LIGER_CE, DS_LIGER), _liger_local_group),
+    Mutant("inference_head_input_offset_zero",
+           "LmHeadLinearAllreduce.forward slices the input at hidden offset 0 on every rank: rank r > 0 "
+           "multiplies its weight columns by rank 0's slice of the hidden state",
+           "deepspeed.module_inject.layers.LmHeadLinearAllreduce.forward", "logits", (INFERENCE,),
+           _inference_head_offset_zero),
+    Mutant("autotp_accepts_empty_vocab_shard",
+           "AutoTP._validate_vocab_parallel_layer without its empty-shard ValueError (vocabulary smaller than "
+           "tp): the documented rejection no longer happens where DeepSpeed promises it",
+           "deepspeed.module_inject.auto_tp.AutoTP._validate_vocab_parallel_layer",
+           "rejection (ds_reject vocab_empty_shard)", (REJECT,), _autotp_accepts_empty_vocab_shard),
+    Mutant("reference_no_causal_shift",
+           "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
+           "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,
+           where="parent"),
+    Mutant("reference_grad_not_divided_by_gas",
+           "the reference backpropagates each micro-batch loss without dividing by the accumulation count",
+           "references.trajectory._scalar", "head_input_grad / grad", (COLUMN, VOCAB),
+           _reference_grad_not_divided_by_gas, where="parent"),
+]
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def get(name: str) -> Mutant:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+def apply_from_env(where: str = "rank"):
+    """Called once at rank start: apply PARITY_MUTANT if it names a mutant of this process kind."""
+    name = os.environ.get(ENV_VAR, "").strip()
+    if not name:
+        return None
+    mutant = get(name)
+    if mutant.where != where:
+        return None
+    mutant.apply()
+    print(f"=== mutant applied: {mutant.name} ({mutant.replaces})", flush=True)
+    return mutant

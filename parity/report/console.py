@@ -1,0 +1,132 @@
+"""Progress lines while running, the summary table at the end, and the report directory:
+summary.json, results.jsonl, summary.md and report.html, all written from verdict dicts."""
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, STATUSES, XPASSED
+
+
+class Progress:
+    def __init__(self, total: int, stream=sys.stdout):
+        self.total, self.done, self.stream = total, 0, stream
+        self.start = time.monotonic()
+        self.counts = Counter()
+
+    def update(self, verdict) -> None:
+        self.done += 1
+        self.counts[verdict.status] += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        width = len(str(self.total))
+        print(f"[{self.done:>{width}}/{self.total}] {verdict.status.upper():7} {verdict.seconds:6.2f}s "
+              f"{verdict.case.id}  (eta {eta:4.0f}s)", file=self.stream, flush=True)
+        if verdict.status == FAILED:
+            print(verdict.explain(), file=self.stream, flush=True)
+        elif verdict.status in (SKIPPED, DIVERGED, XPASSED):
+            print(f"    {verdict.status}: {verdict.reason}", file=self.stream, flush=True)
+
+
+def summary_table(verdicts, wall_s: float, not_run=()) -> str:
+    """not_run: {"id", "reason"} for selected cases this launch could not run (torchrun: another world size)."""
+    from parity.report.records import counts_by_subject
+
+    counts = Counter(v.status for v in verdicts)
+    rows = [("subject", "cases") + STATUSES]
+    rows += counts_by_subject([{"subject": v.case.subject, "verdict": v.status} for v in verdicts])
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in
+                       enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(-1, "-" * len(lines[0]))
+    skipped = Counter(v.reason for v in verdicts if v.status == SKIPPED)
+    if skipped:
+        lines.append("skipped, by reason:")
+        lines.extend(f"  {n:4d}  {reason}" for reason, n in skipped.most_common())
+    diverged = Counter((v.case.divergence.reason, v.case.divergence.repro) for v in verdicts if v.status == DIVERGED)
+    if diverged:
+        lines.append("known divergences (DeepSpeed/Liger differ from the reference as documented):")
+        lines.extend(f"  {n:4d}  {reason}\n        repro: {repro}" for (reason, repro), n in diverged.most_common())
+    xpassed = [v for v in verdicts if v.status == XPASSED]
+    if xpassed:
+        lines.append("known divergences that now MATCH the reference (remove their marks):")
+        lines.extend(f"  {v.case.id}" for v in xpassed)
+    failed = [v for v in verdicts if v.status == FAILED]
+    if failed:
+        lines.append("failed (reproduce each with the command shown):")
+        lines.extend(f"  {v.case.id}: {v.first_failure}\n    {v.repro()}" for v in failed)
+    modes = Counter(v.mode for v in verdicts if v.mode)
+    if modes:
+        lines.append("ranks ran as: " + "; ".join(f"{mode} ({n} cases)" for mode, n in sorted(modes.items())))
+    ratios = [v.worst_ratio for v in verdicts if v.worst_ratio is not None and v.status == PASSED]
+    if ratios:
+        lines.append(f"closest numerical check of a passing case: {max(ratios):.3f} of its bound")
+    if not_run:
+        lines.append("not run under this launch, by reason:")
+        lines.extend(f"  {n:4d}  {reason}" for reason, n in Counter(c["reason"] for c in not_run).most_common())
+    extra = "".join(f", {counts[s]} {s}" for s in (DIVERGED, XPASSED) if counts[s])
+    extra += f", {len(not_run)} not run" if not_run else ""
+    lines.append(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{extra} "
+                 f"in {wall_s:.1f} s")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
+            "cpu_count": __import__("os").cpu_count()}
+    for name in ("deepspeed", "liger_kernel", "triton"):
+        try:
+            from importlib.metadata import version
+            info[name] = version(name.replace("_", "-"))
+        except Exception:  # noqa: BLE001 - absence is the information
+            info[name] = None
+    return info
+
+
+def case_summary(record: dict) -> dict:
+    """A case as summary.json keeps it: the verdict dict without its per-check list (results.jsonl
+    has that), plus where its worst ratio and first divergence were."""
+    from parity.report.records import first_divergence, worst_check
+
+    slim = {k: v for k, v in record.items() if k != "check_results"}
+    worst, first = worst_check(record), first_divergence(record)
+    slim["worst_check"] = None if worst is None else {k: worst.get(k) for k in ("name", "step", "micro", "rank")}
+    slim["first_divergence"] = None if first is None else first
+    return slim
+
+
+def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
+                 launcher: str | None = None) -> None:
+    """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
+    (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
+    cases this launch could not run (torchrun: another world size); launcher: set when not spawn."""
+    from parity.report.html import report_html
+    from parity.report.markdown import summary_markdown
+    from parity.report.records import result_lines
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = Counter(r["verdict"] for r in records)
+    run = {"command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
+           "environment": environment(),
+           "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
+    if launcher:
+        run["launcher"] = launcher
+    if not_run:
+        run["not_run"] = list(not_run)
+    (directory / "summary.json").write_text(
+        json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
+    with open(directory / "results.jsonl", "w") as out:
+        for record in records:
+            for line in result_lines(record):
+                out.write(json.dumps(line, default=str, separators=(",", ":")) + "\n")
+    (directory / "summary.md").write_text(summary_markdown(records, run))
+    (directory / "report.html").write_text(report_html(records, run))

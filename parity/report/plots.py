@@ -1,0 +1,119 @@
+"""Figures for report.html, as base64 PNG (matplotlib's Agg backend: no display, no network)."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+from parity.report.records import check_results, worst_ratio
+from parity.checks.tolerances import NEAR_FAILING_RATIO
+
+MAX_PANELS = 12  # tensors per case figure, worst ratio first; the page says when more were left out
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    from PIL import Image  # matplotlib's own dependency
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
+    _pyplot().close(fig)
+    # Line plots need few colours: a 64-colour palette makes the page about three times smaller.
+    small = io.BytesIO()
+    Image.open(io.BytesIO(buf.getvalue())).convert("RGB").quantize(colors=64).save(small, format="PNG", optimize=True)
+    return base64.b64encode(small.getvalue()).decode("ascii")
+
+
+def plotted_series(record: dict) -> dict:
+    """check name -> rank -> [(x, measured, bound)] for the toleranced checks of each step:
+    x is the step, plus micro/micro-batches for per-micro-batch tensors."""
+    checks = [c for c in check_results(record) if c.get("step") is not None and c.get("bound")
+              and c.get("measured") is not None]
+    micros = 1 + max((c["micro"] for c in checks if c.get("micro") is not None), default=0)
+    series: dict = {}
+    for c in checks:
+        x = c["step"] + (c["micro"] / micros if c.get("micro") is not None else 0.0)
+        series.setdefault(c["name"], {}).setdefault(c.get("rank"), []).append((x, c["measured"], c["bound"]))
+    return series
+
+
+def case_figure(record: dict) -> tuple[str | None, int]:
+    """Measured error and bound per step for each tensor: (base64 PNG or None, tensors left out)."""
+    series = plotted_series(record)
+    if not series:
+        return None, 0
+    def worst(name):
+        return max(m / b for points in series[name].values() for _, m, b in points)
+    names = sorted(series, key=worst, reverse=True)[:MAX_PANELS]
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
+
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for i, (rank, points) in enumerate(sorted(series[name].items(), key=lambda kv: (kv[0] is None, kv[0]))):
+            color = f"C{i % 10}"
+            xs = [p[0] for p in points]
+            label = "all" if rank is None else f"rank {rank}"
+            # Zero error has no place on a log axis: those points are left out (the bound stays).
+            shown = [(x, m) for x, m, _ in points if m > 0]
+            ax.plot([s[0] for s in shown], [s[1] for s in shown], "o-", color=color, ms=3, lw=1, label=label)
+            ax.plot(xs, [p[2] for p in points], "--", color=color, lw=1, alpha=0.8)
+            over = [(x, m) for x, m, b in points if m > b]
+            if over:
+                ax.plot([o[0] for o in over], [o[1] for o in over], "x", color="red", ms=8, mew=2)
+        ax.set_yscale("log")
+        # Decades only, labelled 1e-07 rather than mathtext: tick layout was most of the drawing time.
+        ax.yaxis.set_major_locator(LogLocator(numticks=6))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="best")
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.subplots_adjust(left=0.08 if cols > 1 else 0.2, right=0.98, top=1 - 0.35 / (2.8 * rows),
+                        bottom=0.5 / (2.8 * rows), wspace=0.3, hspace=0.55)
+    return _png(fig), len(series) - len(names)
+
+
+def ratio_histogram(records: list[dict]) -> str | None:
+    """Measured/bound across the run: every toleranced check, and each case's worst."""
+    per_check = [c["ratio"] for r in records for c in check_results(r) if c.get("bound") and c.get("ratio") is not None]
+    per_case = [worst_ratio(r) for r in records if worst_ratio(r) is not None]
+    if not per_check and not per_case:
+        return None
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    low, high = -6.0, 2.0  # log10 of the ratio; anything beyond is counted in the edge bins
+    bins = [low + i * 0.25 for i in range(int((high - low) / 0.25) + 1)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    for ax, values, title in ((axes[0], per_check, "every toleranced check"), (axes[1], per_case, "worst check of each case")):
+        zeros = sum(1 for v in values if v == 0)
+        logs = [min(max(math.log10(v), low), high) if math.isfinite(v) else high for v in values if v > 0]
+        ax.hist(logs, bins=bins, color="#4a78b0")
+        ax.axvline(0.0, color="red", lw=1.5, label="bound (ratio 1)")
+        ax.axvline(math.log10(NEAR_FAILING_RATIO), color="orange", lw=1.5, ls="--",
+                   label=f"near-failing ({NEAR_FAILING_RATIO:g})")
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("log10(measured / bound); the edge bins hold everything beyond", fontsize=8)
+        ax.set_title(f"{title}: {len(values)}" + (f" ({zeros} exactly zero, not drawn)" if zeros else ""), fontsize=9)
+        ax.set_xlim(low - 0.1, high + 0.1)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.16, wspace=0.15)
+    return _png(fig)

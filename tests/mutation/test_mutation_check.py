@@ -1,0 +1,53 @@
+"""The mutation check's fast subset (3 planted bugs x 2 cases): every one must be killed, i.e.
+fail a parity check, not merely crash. Runs as a subprocess: PARITY_MUTANT and the reference
+patches must not leak into this test process or its shared rank groups."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from parity.mutation import catalog as mutants
+from parity.matrix.cases import Case
+from parity.checks.compare import Check
+from parity.mutation.check import CRASHED, FAST_MUTANTS, KILLED, SURVIVED, _case_outcome
+from parity.harness.rank_pool import RankError
+from parity.checks.verdict import FAILED, PASSED, Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fast_subset_kills_every_mutant(tmp_path):
+    out = tmp_path / "mutants.json"
+    proc = subprocess.run([sys.executable, "ci/mutation_check.py", "--fast", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["baseline_green"]
+    assert {r["mutant"] for r in report["mutants"]} == set(FAST_MUTANTS)
+    for row in report["mutants"]:
+        for family, cell in row["cells"].items():
+            assert cell["status"] == KILLED, (row["mutant"], family, cell)
+            assert any(c["failed_checks"] > 0 for c in cell["cases"])
+
+
+def _case():
+    return Case(id="x", subject="column_gathered", axes=(("dtype", "fp32"),))
+
+
+def test_a_crash_is_not_a_kill():
+    crashed = Verdict(_case(), FAILED, reason="rank 1 raised RuntimeError",
+                      rank_errors={1: RankError(1, "RuntimeError", "boom", "tb")})
+    killed = Verdict(_case(), FAILED, checks=[Check("loss", False, measured=1.0, bound=0.1)])
+    survived = Verdict(_case(), PASSED, checks=[Check("loss", True, measured=0.0, bound=0.1)])
+    assert _case_outcome(crashed)["outcome"] == CRASHED
+    assert _case_outcome(killed)["outcome"] == KILLED
+    assert _case_outcome(survived)["outcome"] == SURVIVED
+
+
+def test_catalog_is_complete():
+    assert len(mutants.MUTANTS) >= 8
+    assert len({m.name for m in mutants.MUTANTS}) == len(mutants.MUTANTS)
+    assert any(m.where == "parent" for m in mutants.MUTANTS)
+    for m in mutants.MUTANTS:
+        assert m.description and m.replaces and m.observable and m.families
+        assert set(m.families) <= set(mutants.FAMILIES) and m.where in ("rank", "parent")

@@ -1,0 +1,75 @@
+"""The references are independent of the subjects, and correct on their own terms."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from references.loss import causal_lm_loss
+from references.tiny_lm import ModelSpec, build_model
+from references.trajectory import TrainingSpec, train_reference
+
+REFERENCES = Path(__file__).resolve().parents[2] / "references"
+FORBIDDEN = ("deepspeed", "liger_kernel", "parity")
+
+
+def test_references_import_no_subject_code():
+    for path in REFERENCES.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN, f"{path} imports {name}"
+
+
+def test_running_a_reference_loads_no_subject_module():
+    code = ("import sys; from references.trajectory import *; from references.tiny_lm import ModelSpec;"
+            "train_reference(ModelSpec(34, 32), TrainingSpec(steps=1), __import__('torch').float32);"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('deepspeed', 'liger_kernel', 'triton')];"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REFERENCES.parent)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_loss_matches_torch_cross_entropy(reduction):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, 35, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 35, (2, 7), generator=gen)
+    labels[0, 3] = labels[1, 5] = -100
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 35), labels[:, 1:].reshape(-1),
+                                             reduction=reduction)
+    got = causal_lm_loss(logits, labels, reduction=reduction)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+def test_num_items_divides_the_sum():
+    logits = torch.randn(1, 5, 11, dtype=torch.float64)
+    labels = torch.randint(0, 11, (1, 5))
+    assert torch.equal(causal_lm_loss(logits, labels, "num_items", num_items_in_batch=7),
+                       causal_lm_loss(logits, labels, "sum") / 7)
+
+
+def test_all_ignored_mean_is_zero_not_nan():
+    logits = torch.randn(1, 4, 9)
+    labels = torch.full((1, 4), -100)
+    assert causal_lm_loss(logits, labels, "mean").item() == 0.0
+
+
+def test_tied_model_shares_one_parameter():
+    model = build_model(ModelSpec(34, 32, tied=True), seed=1, dtype=torch.float32)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert "lm_head.weight" not in dict(model.named_parameters())
+
+
+def test_sgd_moves_weights_and_oracle_tracks_fp32():
+    spec, train = ModelSpec(34, 32), TrainingSpec(steps=2)
+    ref = train_reference(spec, train, torch.float32)
+    oracle = train_reference(spec, train, torch.float32, torch.float64)
+    w0, w2 = ref.get("weight", -1, None, None, "proj.weight"), ref.get("weight", 1, None, None, "proj.weight")
+    assert not torch.equal(w0, w2)
+    assert torch.allclose(w2, oracle.get("weight", 1, None, None, "proj.weight"), rtol=0, atol=1e-6)

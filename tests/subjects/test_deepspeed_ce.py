@@ -1,0 +1,183 @@
+"""The DeepSpeed loss subjects' references, claims and checks, without rank processes.
+
+The references are checked against torch's own cross entropy and autograd (float64); the claims
+through the suite's partition formula; and the comparison is fed observations built from the
+reference itself, once faithful (passes) and once with a planted error (fails).
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parity.matrix.cases import case_id, load_file
+from parity.checks.compare import compare, reference_pair
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_sizes, shard_slice
+from parity.subjects import SUBJECTS
+from references.cross_entropy import (SCALAR_UPSTREAM, ce_inputs, ce_reference, linear_ce_inputs,
+                                      linear_ce_reference, reduce_losses)
+from references.loss import token_losses
+
+CASE_FILE = Path(__file__).resolve().parents[2] / "cases" / "deepspeed_ce.toml"
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("ignore", ["none", "scattered"])
+def test_reduced_ce_matches_torch_cross_entropy(reduction, ignore):
+    logits, targets, _ = ce_inputs(7, 24, 35, ignore, F64)
+    want = F.cross_entropy(logits, targets, ignore_index=-100, reduction=reduction)
+    got = reduce_losses(token_losses(logits, targets, -100), targets, reduction, -100)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_mean_over_an_all_ignored_batch_is_zero():
+    targets = torch.full((4,), -100)
+    assert reduce_losses(torch.zeros(4, dtype=F64), targets, "mean", -100).item() == 0.0
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_ce_reference_gradient_is_autograd_of_torch_ce(reduction):
+    logits, targets, upstream = ce_inputs(4321, 24, 35, "scattered", torch.float32)
+    x = logits.to(F64).requires_grad_(True)
+    loss = F.cross_entropy(x, targets, ignore_index=-100, reduction=reduction)
+    (loss * upstream.to(F64) if reduction == "none" else loss * SCALAR_UPSTREAM).sum().backward()
+    traj = ce_reference(4321, 24, 35, "scattered", torch.float32, F64, reduction=reduction)
+    torch.testing.assert_close(traj.get("loss", 0, 0, 0, None), loss.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traj.get("logits_grad", 0, 0, 0, None), x.grad, rtol=1e-12, atol=1e-12)
+    assert traj.get("loss", 0, 0, 0, None).shape == ((24,) if reduction == "none" else ())
+
+
+def test_default_reduction_keeps_the_liger_reference_unchanged():
+    a = ce_reference(4321, 24, 32, "scattered", torch.bfloat16)
+    b = ce_reference(4321, 24, 32, "scattered", torch.bfloat16, reduction="none")
+    for key in a.records:
+        assert torch.equal(a.records[key], b.records[key])
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_ce_reference_gradients_are_autograd_of_linear_plus_torch_ce(reduction, bias):
+    h, w, b, targets, upstream = linear_ce_inputs(4321, 24, 35, 16, bias, "scattered", torch.float32)
+    x, wt = h.to(F64).requires_grad_(True), w.to(F64).requires_grad_(True)
+    bt = None if b is None else b.to(F64).requires_grad_(True)
+    loss = F.cross_entropy(F.linear(x, wt, bt), targets, ignore_index=-100, reduction=reduction)
+    (loss * upstream.to(F64) if reduction == "none" else loss * SCALAR_UPSTREAM).sum().backward()
+    traj = linear_ce_reference(4321, 24, 35, 16, bias, "scattered", torch.float32, F64, reduction=reduction)
+    close = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traj.get("loss", 0, 0, 0, None), loss.detach(), **close)
+    torch.testing.assert_close(traj.get("hidden_grad", 0, 0, 0, None), x.grad, **close)
+    torch.testing.assert_close(traj.get("weight_grad", 0, 0, 0, None), wt.grad, **close)
+    assert (("bias_grad", 0, 0, 0, None) in traj.records) == bias
+    if bias:
+        torch.testing.assert_close(traj.get("bias_grad", 0, 0, 0, None), bt.grad, **close)
+
+
+def test_linear_ce_inputs_are_exact_in_the_case_dtype():
+    h32, w32, b32, t32, _ = linear_ce_inputs(1, 24, 35, 16, True, "scattered", torch.float32)
+    h, w, b, t, _ = linear_ce_inputs(1, 24, 35, 16, True, "scattered", torch.bfloat16)
+    assert torch.equal(h, h32.to(torch.bfloat16)) and torch.equal(w, w32.to(torch.bfloat16))
+    assert torch.equal(t, t32) and (t == -100).any() and (t != -100).any()
+
+
+def test_claims_name_sharded_records():
+    ce = SUBJECTS["ds_vocab_ce"].claims({})
+    assert ce.micro_records == {"loss": None, "logits_grad": -1, "logits_after": -1}
+    assert ce.exact_records == ("logits_after",)
+    fused = SUBJECTS["ds_fused_linear_ce"]
+    assert fused.claims({"bias": True}).micro_records == {"loss": None, "hidden_grad": None, "weight_grad": 0,
+                                                          "bias_grad": 0}
+    assert "bias_grad" not in fused.claims({"bias": False}).micro_records
+
+
+def test_case_file_covers_uneven_vocab_reductions_and_chunks():
+    cases = load_file(CASE_FILE)
+    assert 100 <= len(cases) <= 210
+    for name in ("ds_vocab_ce", "ds_fused_linear_ce"):
+        mine = [c for c in cases if c.subject == name]
+        assert {c["reduction"] for c in mine} == {"none", "sum", "mean"}
+        assert {c["tp"] for c in mine} == {2, 3}
+        assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) > 1 for c in mine)  # uneven
+        assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) == 1 for c in mine)  # even
+    assert {c["chunk"] for c in cases if c.subject == "ds_fused_linear_ce"} == {0, 5}
+
+
+def test_chunk_axis_leaves_other_subjects_ids_alone():
+    values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True,
+              "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "dp": 1, "device": "cpu",
+              "head_input": "sequence", "chunk": 5, "grain": 1, "clip": 0.0}
+    assert "chunk" not in case_id("vocab_parallel", values)
+    for path in CASE_FILE.parent.glob("*.toml"):
+        if path != CASE_FILE:
+            assert not any("chunk" in c.id for c in load_file(path))
+
+
+# -- the comparison, fed observations made from the reference (no ranks) ------------------------
+
+def _observations(subject, values, plant=None):
+    """What a faithful subject would report: each rank's slice of the case-dtype reference."""
+    reference = subject.reference(values)
+    claims = subject.claims(values)
+    tp = values["tp"]
+    obs = {}
+    for rank in range(tp):
+        o = RankObservations(rank, rank, 0)
+        o.facts["state_at_start"] = subject.clean_state
+        for kind, dim in claims.micro_records.items():
+            full = reference.get(kind, 0, 0, 0, None).numpy().copy()
+            if plant:
+                full = plant(kind, full)
+            if dim is not None:
+                index = [slice(None)] * full.ndim
+                index[dim] = shard_slice(full.shape[dim], tp, rank)
+                full = full[tuple(index)]
+            o.tensors[(kind, 0, 0, None)] = full
+        obs[rank] = o
+    return obs
+
+
+def _failed(subject, values, obs):
+    return [c.name for c in compare(subject, values, obs, *reference_pair(subject, values)) if not c.passed]
+
+
+FUSED = {"dtype": "bf16", "reduction": "mean", "vocab": 35, "bias": True, "chunk": 5, "ignore": "scattered", "tp": 3,
+         "device": "cpu"}
+VOCAB = {"dtype": "fp16", "reduction": "sum", "vocab": 269, "ignore": "scattered", "tp": 3, "device": "cpu"}
+
+
+@pytest.mark.parametrize("name,values", [("ds_fused_linear_ce", FUSED), ("ds_vocab_ce", VOCAB)])
+def test_faithful_observations_pass(name, values):
+    subject = SUBJECTS[name]
+    assert _failed(subject, values, _observations(subject, values)) == []
+
+
+@pytest.mark.parametrize("name,values,kind", [("ds_fused_linear_ce", FUSED, "weight_grad"),
+                                              ("ds_fused_linear_ce", FUSED, "hidden_grad"),
+                                              ("ds_vocab_ce", VOCAB, "logits_grad")])
+def test_an_ignored_scalar_upstream_is_caught(name, values, kind):
+    subject = SUBJECTS[name]
+    obs = _observations(subject, values, lambda k, a: a / SCALAR_UPSTREAM if k == kind else a)
+    assert kind in _failed(subject, values, obs)
+
+
+def test_mean_over_all_tokens_instead_of_valid_ones_is_caught():
+    subject = SUBJECTS["ds_fused_linear_ce"]
+    _, _, _, targets, _ = linear_ce_inputs(4321, 24, 35, 16, True, "scattered", torch.bfloat16)
+    ratio = float((targets != -100).sum()) / targets.numel()
+    obs = _observations(subject, FUSED, lambda k, a: a * ratio if k == "loss" else a)
+    assert "loss" in _failed(subject, FUSED, obs)
+
+
+def test_remainder_on_the_last_rank_is_caught():
+    """269 over 3 is 90, 90, 89 by the suite's formula; a layout giving the remainder to the last
+    rank (89, 89, 91) holds the right numbers in the wrong places."""
+    subject = SUBJECTS["ds_vocab_ce"]
+    obs = _observations(subject, VOCAB)
+    full = np.concatenate([obs[r].tensors[("logits_grad", 0, 0, None)] for r in range(3)], axis=-1)
+    bounds = [0, 89, 178, 269]
+    for r in range(3):
+        obs[r].tensors[("logits_grad", 0, 0, None)] = full[:, bounds[r]:bounds[r + 1]]
+    failed = _failed(subject, VOCAB, obs)
+    assert "shard_width[logits_grad]" in failed and "logits_grad" in failed

@@ -1,0 +1,30 @@
+"""ds_reject and inference_head: cheap checks that need no rank process."""
+from parity.matrix.axes import AXES, REJECTIONS
+from parity.matrix.cases import CASES_DIR, load_file
+from parity.subjects import SUBJECTS
+from parity.subjects.deepspeed_rejects import CE_VARIANTS, ENGINE_VARIANTS, VARIANTS
+
+
+def test_every_rejection_has_a_case_that_expects_an_error():
+    cases = load_file(CASES_DIR / "deepspeed_rejects.toml")
+    covered = {c["variant"] for c in cases}
+    assert covered == set(REJECTIONS) - {"none"} == set(ENGINE_VARIANTS) | set(CE_VARIANTS)
+    # The axis (parity/matrix/axes.py) and the subject list the same names in the same order; the
+    # subject may not import the matrix (tests/test_layers.py), so the check lives here.
+    assert VARIANTS == REJECTIONS
+    for c in cases:
+        assert c.expect.is_error and c.expect.match, c.id
+        assert c.expect.error in ("ValueError", "NotImplementedError"), c.id
+
+
+def test_variant_axis_is_quiet_so_no_other_id_changes():
+    assert AXES["variant"].quiet_default and AXES["variant"].default == "none"
+    assert all("variant" not in s.axes for name, s in SUBJECTS.items() if name != "ds_reject")
+
+
+def test_inference_head_claims_the_legacy_head():
+    cases = load_file(CASES_DIR / "deepspeed_inference.toml")
+    assert cases and all(not c.expect.is_error for c in cases)
+    claims = SUBJECTS["inference_head"].claims(cases[0].values)
+    assert claims.module_types["lm_head"] == "LmHeadLinearAllreduce"
+    assert claims.param_shards["lm_head.weight"] == 1 and claims.micro_records == {"logits": None}

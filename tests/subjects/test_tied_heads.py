@@ -1,0 +1,186 @@
+"""The tied subjects' claims and the reference's padding_idx support (no rank processes)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from parity.matrix.cases import load, load_file
+from parity.checks.compare import _take
+from parity.observe.partition import shard_sizes, shard_slice
+from parity.subjects import SUBJECTS
+from references.tiny_lm import ModelSpec, build_model
+from references.trajectory import TrainingSpec
+
+CASES = Path(__file__).resolve().parents[2] / "cases"
+TIED_FILE = CASES / "deepspeed_tied_heads.toml"
+BASE = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "hidden": 35, "bias": True, "head": "lm_head",
+        "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "device": "cpu", "backend": "torch",
+        "padding": "none", "embed_spec": "none"}
+
+
+@pytest.mark.parametrize("hidden,tp,widths", [(32, 2, [16, 16]), (35, 2, [18, 17]), (35, 3, [12, 12, 11])])
+def test_tied_row_claims_one_parameter_sharded_along_hidden(hidden, tp, widths):
+    subject = SUBJECTS["tied_row_parallel"]
+    values = {**BASE, "hidden": hidden, "tp": tp}
+    claims = subject.claims(values)
+    assert claims.module_types == {"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",
+                                   "embed_tokens": "HiddenParallelEmbedding"}
+    assert claims.param_shards == {"embed_tokens.weight": 1, "lm_head.bias": None}
+    assert claims.shared_params == (("lm_head.weight", "embed_tokens.weight"),)
+    assert claims.micro_records["logits"] is None and claims.loss_backend is None
+    specs = subject.tensor_parallel_config(values)["partition_config"]["layer_specs"]
+    assert {"patterns": [r"lm_head\.weight$"], "partition_type": "row"} in specs
+
+    # The reference names the shared weight once, under the embedding; the claimed dim covers it.
+    model = build_model(subject.model_spec(values), seed=0, dtype=torch.float32)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names and set(claims.param_shards) <= set(names)
+    weight = model.embed_tokens.weight.detach().double().numpy()
+    shards = [_take(weight, 1, hidden, tp, r) for r in range(tp)]
+    assert [s.shape[1] for s in shards] == widths == shard_sizes(hidden, tp)
+    for r, s in enumerate(shards):
+        np.testing.assert_array_equal(s, weight[:, shard_slice(hidden, tp, r)])
+
+
+@pytest.mark.parametrize("vocab,tp,widths", [(34, 2, [17, 17]), (35, 2, [18, 17]), (35, 3, [12, 12, 11])])
+def test_tied_vocab_claims_one_parameter_sharded_along_vocab(vocab, tp, widths):
+    subject = SUBJECTS["tied_vocab_parallel"]
+    values = {**BASE, "vocab": vocab, "tp": tp}
+    claims = subject.claims(values)
+    assert claims.module_types == {"lm_head": "VocabParallelLinear", "proj": "Linear",
+                                   "embed_tokens": "VocabParallelEmbedding",
+                                   "loss_function": "VocabParallelCausalLMLoss"}
+    assert claims.param_shards == {"embed_tokens.weight": 0, "lm_head.bias": 0}
+    assert claims.shared_params == (("lm_head.weight", "embed_tokens.weight"),)
+    assert claims.micro_records == {"logits": -1, "loss": None, "head_input_grad": None}
+    assert claims.loss_backend == "torch"
+    config = subject.tensor_parallel_config(values)
+    assert config["vocab_parallel_lm_head"] is True
+    model = build_model(subject.model_spec(values), seed=0, dtype=torch.float32)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert [_take(model.embed_tokens.weight.detach().numpy(), 0, vocab, tp, r).shape[0]
+            for r in range(tp)] == widths == shard_sizes(vocab, tp)
+
+
+@pytest.mark.parametrize("name", ["tied_row_parallel", "tied_vocab_parallel"])
+def test_embed_spec_is_listed_before_the_head_and_padding_reaches_the_model(name):
+    subject = SUBJECTS[name]
+    for kind in ("row", "column"):
+        specs = subject.tensor_parallel_config({**BASE, "embed_spec": kind})["partition_config"]["layer_specs"]
+        assert specs[0] == {"patterns": [r"embed_tokens\.weight$"], "partition_type": kind}
+    specs = subject.tensor_parallel_config(BASE)["partition_config"]["layer_specs"]
+    assert not any("embed_tokens" in p for s in specs for p in s["patterns"])
+    for padding, want in (("none", None), ("first", 0), ("last", 34)):
+        spec = subject.model_spec({**BASE, "padding": padding})
+        assert spec.tied and spec.padding_idx == want
+
+
+def test_new_axes_leave_other_subjects_ids_alone():
+    for case in load([p for p in sorted(CASES.glob("*.toml")) if p != TIED_FILE]):
+        assert "padding" not in case.values and "embed_spec" not in case.values
+        assert "espec_" not in case.id and "pad" not in case.id.split("-")[-1]
+    assert ModelSpec(35, 32).padding_idx is None
+    assert build_model(ModelSpec(35, 32), 0, torch.float32).embed_tokens.padding_idx is None
+
+
+def _all_steps(vocab):
+    train = TrainingSpec()
+    batches = [b for step in range(train.steps) for b in train.batches(step, 0, vocab, -100)]
+    return torch.cat([b["input_ids"] for b in batches]), torch.cat([b["labels"] for b in batches])
+
+
+@pytest.mark.parametrize("vocab", [34, 35])
+@pytest.mark.parametrize("padding", ["first", "last"])
+def test_padding_token_occurs_in_the_training_data(vocab, padding):
+    """Otherwise a subject that ignored padding_idx would pass the padding cases. Inputs are uniform
+    over the vocabulary (references/data.py), so the token shows up in some steps, not all: each
+    step's grad check covers the steps where it does."""
+    index = 0 if padding == "first" else vocab - 1
+    train = TrainingSpec()
+    steps = [step for step in range(train.steps)
+             if any((b["input_ids"] == index).any() for b in train.batches(step, 0, vocab, -100))]
+    assert len(steps) >= 2, steps
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_reference_padding_row_gets_no_lookup_gradient(tied):
+    vocab, hidden, pad = 35, 32, 34
+    ids, labels = _all_steps(vocab)
+    assert (ids == pad).any()
+    grads = {}
+    for padding_idx in (pad, None):
+        model = build_model(ModelSpec(vocab, hidden, tied=tied, padding_idx=pad), seed=3, dtype=torch.float64)
+        assert torch.all(model.embed_tokens.weight[pad] == 0)  # nn.Embedding zeroes the padding row
+        model.embed_tokens.padding_idx = padding_idx  # same weights, lookup gradient on or off
+        loss, _ = model(ids, labels=labels)
+        loss.backward()
+        grads[padding_idx] = model.embed_tokens.weight.grad.clone()
+    other = [r for r in range(vocab) if r != pad]
+    torch.testing.assert_close(grads[pad][other], grads[None][other], rtol=0, atol=0)
+    assert not torch.equal(grads[pad][pad], grads[None][pad])  # the token occurs: the lookup adds to its row
+    if tied:  # the head's projection still reaches the padding row
+        assert torch.any(grads[pad][pad] != 0)
+    else:
+        assert torch.all(grads[pad][pad] == 0)
+
+
+def test_tied_case_file_covers_the_brief():
+    cases = load_file(TIED_FILE)
+    assert 60 <= len(cases) <= 120
+    assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding"}
+    for name in ("tied_row_parallel", "tied_vocab_parallel"):
+        mine = [c.values for c in cases if c.subject == name]
+        assert {v["dtype"] for v in mine} == {"fp32", "bf16"}
+        assert {v["zero"] for v in mine} == {0, 2}
+        assert {v["tp"] for v in mine} == {2, 3}
+        assert {v["padding"] for v in mine} == {"none", "first", "last"}
+        assert {v["embed_spec"] for v in mine} == {"none", "row", "column"}
+    row = [c.values for c in cases if c.subject == "tied_row_parallel"]
+    assert {v["hidden"] for v in row} == {32, 35}
+    vocab = [c.values for c in cases if c.subject == "tied_vocab_parallel"]
+    assert {v["vocab"] for v in vocab} == {34, 35}
+
+
+@pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
+def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
+    from parity.checks.compare import Comparison
+    from parity.observe.observations import RankObservations
+
+    subject = SUBJECTS["tied_row_parallel"]
+    obs = {}
+    for rank in range(2):
+        o = RankObservations(rank, rank, 0)
+        o.facts["module_types"] = dict(subject.claims(BASE).module_types)
+        o.facts["state_at_start"] = subject.clean_state
+        if fact is not None:
+            o.facts["shared_params"] = {"lm_head.weight=embed_tokens.weight": fact}
+        obs[rank] = o
+    comparison = Comparison(subject, BASE, obs, reference=None, oracle=None)
+    comparison.check_claims()
+    shared = [c for c in comparison.checks if c.name.startswith("shared_param[")]
+    assert len(shared) == 2 and all(c.passed == passes for c in shared)
+    assert all(c.passed for c in comparison.checks if not c.name.startswith("shared_param["))
+
+
+def test_direct_embedding_claims_and_reference_padding():
+    from references.embedding_lookup import train_lookup_reference
+
+    subject = SUBJECTS["vocab_parallel_embedding"]
+    values = {"dtype": "fp32", "vocab": 35, "hidden": 32, "gas": 2, "tp": 2, "device": "cpu", "padding": "last"}
+    claims = subject.claims(values)
+    assert claims.module_types == {"embedding": "VocabParallelEmbedding"}
+    assert claims.param_shards == {"weight": 0}
+    assert claims.micro_records == {"embedding": None, "loss": None}
+    train = subject.training_spec(values)
+    traj = train_lookup_reference(35, 32, 34, train, torch.float32, torch.float64)
+    plain = train_lookup_reference(35, 32, None, train, torch.float32, torch.float64)
+    assert torch.all(traj.get("weight", -1, None, None, "weight")[34] == 0)
+    for step in range(train.steps):
+        grad = traj.get("grad", step, None, None, "weight")
+        assert torch.all(grad[34] == 0) and torch.any(grad[:34] != 0)
+        assert torch.equal(traj.get("weight", step, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64))
+    # the padding token is looked up (rows 0..33 start equal; row 34 is zero only with padding_idx)
+    assert not torch.equal(plain.get("grad", 0, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64)) or \
+        not torch.equal(plain.get("grad", 4, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64))

@@ -1,0 +1,99 @@
+"""The layout explains the data flow: imports point one way, from the top (CLI, report) down to
+the matrix, subjects and references, and no module imports itself round a circle. Read from the
+source (every import, deferred ones inside functions included), not from what happens to be loaded."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Bottom to top. A module may import its own layer and the layers below it, never one above.
+LAYERS = [
+    ("references",),
+    ("parity.observe",),
+    ("parity.subjects", "parity.mutation.catalog"),
+    ("parity.matrix",),
+    ("parity.checks",),
+    ("parity.harness",),
+    ("parity.report",),
+    ("parity.mutation.check", "parity.torchrun_launch", "parity.bench", "parity.cli"),
+]
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (level, len(prefix))
+    return None if best is None else best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from parity.observe import collectives`
+    return {m for m in found if m.split(".")[0] in ("parity", "references")}
+
+
+def graph() -> dict[str, set[str]]:
+    sources = {module_name(p): p for d in ("parity", "references") for p in (ROOT / d).rglob("*.py")}
+    return {m: {i for i in imports(p) if i in sources} for m, p in sources.items()}
+
+
+def test_every_module_has_a_layer():
+    # A package whose __init__ imports nothing (a docstring only) needs none: parity, parity.mutation.
+    assert [m for m, deps in graph().items() if layer_of(m) is None and deps] == []
+    assert sorted(m for m in graph() if layer_of(m) is None) == ["parity", "parity.mutation"]
+
+
+def test_imports_point_down():
+    upward = [f"{m} (layer {layer_of(m)}) imports {i} (layer {layer_of(i)})"
+              for m, deps in graph().items() if layer_of(m) is not None
+              for i in sorted(deps) if layer_of(i) is not None and layer_of(i) > layer_of(m)]
+    assert upward == []
+
+
+def test_references_import_nothing_from_parity():
+    assert {m: d for m, d in graph().items() if m.startswith("references") and any(
+        i.startswith("parity") for i in d)} == {}
+
+
+def test_no_import_cycles():
+    g = graph()
+    state, cycles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(g[node]):
+            if nxt == node:
+                continue
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The rule can fail: a subject importing the harness is an upward import."""
+    assert layer_of("parity.subjects.base") < layer_of("parity.harness.runner")
+    assert layer_of("parity.mutation.catalog") < layer_of("parity.harness.rank_worker") < layer_of(
+        "parity.mutation.check")
+    probe = tmp_path / "probe.py"
+    probe.write_text("from parity.harness.runner import Runner\n")
+    assert "parity.harness.runner" in imports(probe)
