@@ -27,7 +27,7 @@ def cmd_list(args) -> int:
 
 def cmd_run(args) -> int:
     from parity.report.console import Progress, summary_table, write_report
-    from parity.harness.runner import Runner, strict_from_env
+    from parity.harness.runner import Runner, default_jobs, strict_from_env
 
     if args.launcher == "torchrun":
         from parity.torchrun_launch import cmd_run_torchrun
@@ -40,12 +40,13 @@ def cmd_run(args) -> int:
     strict = args.strict or strict_from_env()
     runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs)
     progress = Progress(len(cases))
-    print(f"running {len(cases)} cases" + (" (strict: skips fail)" if strict else ""), flush=True)
+    jobs = args.jobs or default_jobs(cases)
+    print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
+          + (" (strict: skips fail)" if strict else ""), flush=True)
     start = time.monotonic()
     verdicts = []
     try:
-        for case in cases:
-            verdict = runner.run(case)
+        for verdict in runner.run_all(cases, jobs):
             verdicts.append(verdict)
             progress.update(verdict)
     finally:
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
     run.add_argument("--report", metavar="DIR", help="write DIR/summary.json, results.jsonl, summary.md, report.html")
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
+    run.add_argument("-j", "--jobs", type=int, default=0, metavar="N",
+                     help="rank groups running cases at once (default: cores // the largest selected world size; "
+                          "results are the same for every N)")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
     run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                      help="spawn: parity starts its own rank groups (default); torchrun: this process is one "

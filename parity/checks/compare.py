@@ -5,6 +5,8 @@ assembled here from the ranks' local blocks; the subject is only asked for what 
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,6 +309,38 @@ def compare(subject, values, observations, reference, oracle, collectives=None) 
     return Comparison(subject, values, observations, reference, oracle, collectives).run()
 
 
+# Cases that differ only in how the subject shards or runs (ZeRO stage, topology, backend, head
+# name rules...) share one reference: the reference is a function of the subject's reference_key
+# alone. A bounded LRU keeps the parent's memory flat over long runs; each pair of a tiny model's
+# trajectories is tens of kB.
+REFERENCE_CACHE_SIZE = 256
+_reference_cache: OrderedDict = OrderedDict()
+_reference_lock = threading.Lock()  # parity run -j: jobs judge cases in parallel threads
+reference_cache_stats = {"hits": 0, "misses": 0}
+
+
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
-    """The reference at the case dtype and the float64 oracle."""
-    return subject.reference(values), subject.reference(values, torch.float64)
+    """The reference at the case dtype and the float64 oracle, computed once per reference_key.
+
+    The trajectories are shared between cases: the comparison only reads them."""
+    key = subject.reference_key(values)
+    with _reference_lock:
+        if key is not None and key in _reference_cache:
+            _reference_cache.move_to_end(key)
+            reference_cache_stats["hits"] += 1
+            return _reference_cache[key]
+        reference_cache_stats["misses"] += 1
+    # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
+    # results are the same numbers (the reference is deterministic), so either may be kept.
+    pair = subject.reference(values), subject.reference(values, torch.float64)
+    if key is not None:
+        with _reference_lock:
+            _reference_cache[key] = pair
+            if len(_reference_cache) > REFERENCE_CACHE_SIZE:
+                _reference_cache.popitem(last=False)
+    return pair
+
+
+def clear_reference_cache() -> None:
+    with _reference_lock:
+        _reference_cache.clear()

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import queue
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from parity.matrix.cases import Case
 from parity.checks.compare import Check, compare, reference_pair
@@ -12,6 +14,13 @@ from parity.subjects import SUBJECTS
 from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict
 
 DEFAULT_CASE_TIMEOUT_S = 120.0
+
+
+def default_jobs(cases) -> int:
+    """As many rank groups at once as the cores can feed: every rank of the largest group gets a core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    largest = max((c.world_size for c in cases), default=1)
+    return max(1, cores // largest)
 
 
 def strict_from_env() -> bool:
@@ -38,6 +47,44 @@ class Runner:
 
     def run(self, case: Case) -> Verdict:
         return timed_verdict(case, lambda: self._run(case))
+
+    def run_all(self, cases, jobs: int = 1):
+        """Yield every case's verdict, in the cases' order, running up to ``jobs`` at once.
+
+        Each job owns its rank groups (a Runner of its own), so groups never share a case; the
+        parent's reference and comparison work of one job overlaps the rank work of the others.
+        Threads, not processes: the parent mostly waits on rank queues, and torch releases the GIL
+        in the reference's kernels. Verdicts do not depend on which job ran a case (a rank seeds
+        everything from the case), so the order of completion never shows in the results.
+        """
+        if jobs <= 1:
+            for case in cases:
+                yield self.run(case)
+            return
+        idle: queue.SimpleQueue = queue.SimpleQueue()
+        workers = [self] + [Runner(self.timeout_s, self.strict, self.log_dir) for _ in range(jobs - 1)]
+        for w in workers:
+            idle.put(w)
+
+        def run_one(case):
+            worker = idle.get()
+            try:
+                return worker.run(case)
+            finally:
+                idle.put(worker)
+
+        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="parity-job")
+        futures = []
+        try:
+            futures = [pool.submit(run_one, case) for case in cases]
+            for future in futures:
+                yield future.result()
+        finally:
+            for f in futures:
+                f.cancel()
+            pool.shutdown(wait=True)
+            for w in workers[1:]:
+                w.close()
 
     def _run(self, case: Case) -> Verdict:
         skipped = skip_verdict(case, self.strict)

@@ -83,6 +83,15 @@ class Subject(ABC):
         return train_reference(self.model_spec(values), self.training_spec(values), DTYPES[values["dtype"]],
                                compute_dtype)
 
+    def reference_key(self, values: dict):
+        """What reference(values) depends on, hashable: cases with equal keys share one computed
+        reference (parity.checks.compare.reference_pair). None: never shared. A subject that
+        overrides reference() gets None unless it says what its reference depends on, so a new
+        reference can never be handed another case's numbers by accident."""
+        if type(self).reference is not Subject.reference:
+            return None
+        return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
+
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),
                             dp=values.get("dp", 1), clip=values.get("clip", 0.0))
