@@ -40,6 +40,10 @@ def cmd_run(args) -> int:
     strict = args.strict or strict_from_env()
     runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs)
     progress = Progress(len(cases))
+    if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
+        from parity.checks import compare
+
+        compare.REFERENCE_CACHE_SIZE = 0
     jobs = args.jobs or default_jobs(cases)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)
@@ -84,6 +88,9 @@ def main(argv=None) -> int:
     run.add_argument("-j", "--jobs", type=int, default=0, metavar="N",
                      help="rank groups running cases at once (default: cores // the largest selected world size; "
                           "results are the same for every N)")
+    run.add_argument("--no-reference-cache", action="store_true",
+                     help="compute every case's reference afresh (the baseline `-j 1 --no-reference-cache` is "
+                          "the harness before references were shared; results are the same)")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
     run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                      help="spawn: parity starts its own rank groups (default); torchrun: this process is one "

@@ -52,3 +52,13 @@ def test_a_subject_with_its_own_reference_is_never_shared():
     for case in load():
         if case.subject in own and not case.expect.is_error:
             assert SUBJECTS[case.subject].reference_key(case.values) is None, case.id
+
+
+def test_the_baseline_switch_recomputes_every_reference(monkeypatch):
+    compare.clear_reference_cache()
+    monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)  # what `parity run --no-reference-cache` sets
+    zero0, zero2 = _case(ZERO0), _case(ZERO2)
+    subject = SUBJECTS[zero0.subject]
+    before = dict(compare.reference_cache_stats)
+    assert compare.reference_pair(subject, zero0.values) is not compare.reference_pair(subject, zero2.values)
+    assert compare.reference_cache_stats["misses"] == before["misses"] + 2
