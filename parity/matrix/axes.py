@@ -89,6 +89,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "the head (tied subjects only)"),
     Axis("variant", REJECTIONS, "none", str, quiet_default=True,
          help="which documented DeepSpeed error path a rejection case drives (ds_reject only)"),
+    Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
+         help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
+              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

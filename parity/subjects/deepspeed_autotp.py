@@ -304,7 +304,7 @@ class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = COMMON_AXES
+    axes = {**COMMON_AXES, "ignore_index": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -326,7 +326,7 @@ class VocabParallelHead(EngineHead):
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items")}
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None}
 
     def tensor_parallel_config(self, values):
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
