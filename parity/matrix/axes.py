@@ -89,6 +89,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "the head (tied subjects only)"),
     Axis("variant", REJECTIONS, "none", str, quiet_default=True,
          help="which documented DeepSpeed error path a rejection case drives (ds_reject only)"),
+    Axis("triton", ("device", "claimed"), "device", lambda v: f"triton_{v}", quiet_default=True,
+         help="what DeepSpeed's Liger gate is told about Triton: the device's own answer, or 'claimed' (a harness "
+              "shortcut for CPU ranks: the gate sees the accelerator answer as CUDA does, Liger then runs in "
+              "Triton's interpreter; vocab_parallel only)"),
     Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
          help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
               "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
