@@ -78,7 +78,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "autograd.grad(create_graph=True) then a Hessian-vector product", quiet_default=True),
     Axis("padding", ("none", "first", "last"), "none", lambda v: {"none": "nopad", "first": "pad0",
                                                                    "last": "padlast"}[v],
-         help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects only)"),
+         help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects and embed_spec_untied)"),
     Axis("hf_head", ("colwise_gather_output", "colwise_rep", "rowwise"), "colwise_gather_output",
          lambda v: f"plan_{v}", help="the HF tp_plan style given to lm_head (hf_tp_plan subjects only)"),
     Axis("vocab_parallel_lm_head", ("true", "false", "unset"), "unset", lambda v: f"vplm_{v}",
