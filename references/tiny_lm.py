@@ -73,8 +73,12 @@ class TinyCausalLM(nn.Module):
         if self.spec.reduction != "num_items":
             num_items_in_batch = None  # as HF: only a trainer that counts tokens passes it
         if self.loss_function is not None:
+            # A model whose labels use another ignore id hands it to its loss, as an HF model forwards the
+            # caller's loss kwargs (transformers' ForCausalLMLoss honours ignore_index); the default is not
+            # passed, as HF callers don't.
+            extra = {} if self.spec.ignore_index == -100 else {"ignore_index": self.spec.ignore_index}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.spec.vocab,
-                                      num_items_in_batch=num_items_in_batch)
+                                      num_items_in_batch=num_items_in_batch, **extra)
         else:
             loss = causal_lm_loss(logits, labels, reduction=self.spec.reduction,
                                   ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch)

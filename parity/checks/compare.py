@@ -138,6 +138,22 @@ class Comparison:
                          len(ran) == self.train.steps * self.train.micro_batches, rank=rank,
                          detail=f"expected one '{self.claims.loss_backend}' CE call per micro-batch; "
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
+        if self.claims.loss_backend is not None:
+            self.check_backend_agreement()
+
+    def check_backend_agreement(self) -> None:
+        """DeepSpeed's Liger gate is decided on each rank alone: the ranks of one TP group must have run
+        the same CE on every micro-batch, whatever the claim says (ranks that mix Liger and torch CE
+        exchange mismatched all-reduces without hanging)."""
+        for dp in sorted({o.dp_rank for o in self.obs.values()}):
+            group = {o.tp_rank: o.facts.get("loss_backend", {}) for o in self.obs.values() if o.dp_rank == dp}
+            keys = sorted({k for ran in group.values() for k in ran})
+            split = {k: {r: group[r].get(k) for r in sorted(group)} for k in keys
+                     if len({tuple(group[r].get(k) or ()) for r in group}) > 1}
+            self.add("loss_backend_agree", not split,
+                     detail="every TP rank ran the same CE on every micro-batch" if not split else
+                     f"TP ranks (dp {dp}) ran different CEs on {len(split)} micro-batches, first "
+                     f"{next(iter(split))}: {next(iter(split.values()))}")
 
     def check_collectives(self, step: int, micro: int) -> None:
         """Exact collective counts per rank and micro-batch, where the case file declares them: a

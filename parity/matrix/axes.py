@@ -36,7 +36,7 @@ REJECTIONS = (
     "tied_row_max_norm", "tied_row_sparse", "tied_vocab_max_norm", "tied_vocab_sparse", "tied_vocab_scale_grad",
     "row_tied_non_embedding", "hf_plan_unsupported_style", "row_shape", "row_partition_dim0", "gather_shape",
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
-    "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored",
+    "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
@@ -78,7 +78,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "autograd.grad(create_graph=True) then a Hessian-vector product", quiet_default=True),
     Axis("padding", ("none", "first", "last"), "none", lambda v: {"none": "nopad", "first": "pad0",
                                                                    "last": "padlast"}[v],
-         help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects only)"),
+         help="embedding padding_idx: none, token 0, or token vocab-1 (tied subjects and embed_spec_untied)"),
     Axis("hf_head", ("colwise_gather_output", "colwise_rep", "rowwise"), "colwise_gather_output",
          lambda v: f"plan_{v}", help="the HF tp_plan style given to lm_head (hf_tp_plan subjects only)"),
     Axis("vocab_parallel_lm_head", ("true", "false", "unset"), "unset", lambda v: f"vplm_{v}",
@@ -89,6 +89,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "the head (tied subjects only)"),
     Axis("variant", REJECTIONS, "none", str, quiet_default=True,
          help="which documented DeepSpeed error path a rejection case drives (ds_reject only)"),
+    Axis("triton", ("device", "claimed"), "device", lambda v: f"triton_{v}", quiet_default=True,
+         help="what DeepSpeed's Liger gate is told about Triton: the device's own answer, or 'claimed' (a harness "
+              "shortcut for CPU ranks: the gate sees the accelerator answer as CUDA does, Liger then runs in "
+              "Triton's interpreter; vocab_parallel only)"),
+    Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
+         help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
+              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -13,6 +13,7 @@ from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHe
 from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
                                          DeepSpeedVocabParallelCE)
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
+from parity.subjects.deepspeed_embed_spec import EmbeddingSpecHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_inference import InferenceHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
@@ -26,7 +27,8 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 DeepSpeedFusedLinearCE(), TiedRowParallelHead(), TiedVocabParallelHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
-                                HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead()]}
+                                HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
+                                EmbeddingSpecHead()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

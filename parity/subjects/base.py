@@ -73,7 +73,7 @@ class Subject(ABC):
     def model_spec(self, values: dict) -> ModelSpec:
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
                          head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
-                         reduction=values.get("reduction", "mean"))
+                         reduction=values.get("reduction", "mean"), ignore_index=values.get("ignore_index", -100))
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""

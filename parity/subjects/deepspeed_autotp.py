@@ -175,6 +175,42 @@ def record_loss_backend(log: list):
         ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
 
 
+class _TritonClaimingAccelerator:
+    """The CPU accelerator, answering the Liger gate's two questions as a CUDA accelerator does."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def is_triton_supported(self):
+        return True
+
+    def on_accelerator(self, tensor):
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def claimed_triton(active: bool):
+    """A harness shortcut, for CPU ranks only: DeepSpeed's Liger gate (_liger_can_run) never picks Liger
+    on a CPU accelerator, so the per-rank gate is unreachable there. Only the CE module's view of the
+    accelerator is replaced (the engine and the rest of DeepSpeed still see the CPU); Liger's kernels
+    then run in Triton's interpreter (TRITON_INTERPRET, set by the rank worker). cases/gpu.toml has the
+    unpatched twin."""
+    if not active:
+        yield
+        return
+    ce = importlib.import_module("deepspeed.sequence.cross_entropy")
+    original = ce.get_accelerator
+    proxy = _TritonClaimingAccelerator(original())
+    ce.get_accelerator = lambda: proxy
+    try:
+        yield
+    finally:
+        ce.get_accelerator = original
+
+
 class EngineHead(Subject):
     """Shared engine loop; subclasses say how the head is selected and what it must become."""
 
@@ -304,7 +340,7 @@ class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = COMMON_AXES
+    axes = {**COMMON_AXES, "ignore_index": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -326,7 +362,11 @@ class VocabParallelHead(EngineHead):
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items")}
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None}
+
+    def run_rank(self, values, ctx):
+        with claimed_triton(values.get("triton") == "claimed"):
+            return super().run_rank(values, ctx)
 
     def tensor_parallel_config(self, values):
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
@@ -352,7 +392,8 @@ def expected_ce_backend(values: dict) -> str:
     """Which CE must run, by DeepSpeed's documented gate (cross_entropy.py, _liger_can_run), computed
     from the suite's own partition: Liger only on a Triton-capable accelerator with equal shards;
     anything else falls back to torch on every rank alike."""
-    if values["backend"] != "liger" or values.get("device") != "cuda":
+    triton = values.get("device") == "cuda" or values.get("triton") == "claimed"
+    if values["backend"] != "liger" or not triton:
         return "torch"
     sizes = shard_sizes(values["vocab"], values["tp"], values.get("grain", 1))
     return "liger" if len(set(sizes)) == 1 else "torch"

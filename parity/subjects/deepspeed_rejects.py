@@ -134,6 +134,8 @@ class EngineVariant:
     tied: bool = False
     vocab: object = VOCAB  # an int, or a callable tp -> int
     extra: dict = dataclasses.field(default_factory=dict)  # merged into tensor_parallel (may use {tp})
+    # Accepted today (a known divergence): run one forward so the verdict shows what the user got.
+    probe_logits: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,9 @@ ENGINE_VARIANTS = {
     "loss_function_missing": EngineVariant(VOCAB_PARALLEL, _without_loss_function),
     "loss_function_read_only": EngineVariant(VOCAB_PARALLEL, ReadOnlyLossLM),
     "loss_function_setter_ignored": EngineVariant(VOCAB_PARALLEL, IgnoringSetterLossLM),
+    # a column head without gather_output: rank-local logits reach a model whose loss expects them whole
+    "column_no_gather": EngineVariant(_specs({"patterns": [r"lm_head\.weight$"], "partition_type": "column"}),
+                                      probe_logits=True),
 }
 
 CE_VARIANTS = {
@@ -247,7 +252,15 @@ class DeepSpeedRejection(Subject):
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
-        engine.destroy()
+        try:
+            if variant.probe_logits:
+                ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
+                with torch.no_grad():
+                    _, logits = engine(input_ids=ids.to(ctx.device))
+                raise AssertionError(f"accepted: the model got logits of shape {tuple(logits.shape)} for a "
+                                     f"vocabulary of {spec.vocab} ({type(engine.module.lm_head).__name__})")
+        finally:
+            engine.destroy()
 
     def _cross_entropy(self, variant: CEVariant, values, ctx):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy

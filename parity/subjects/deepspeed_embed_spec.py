@@ -1,0 +1,46 @@
+"""DeepSpeed 0.19.8 AutoTP with an explicit partition_config spec on an UNTIED input embedding.
+
+A user who shards the embedding too writes a spec for ``embed_tokens.weight`` and a row spec for the
+Linear that reads it (``proj``: ``LinearAllreduce``, its input is the embedding's hidden slice); the head
+is the column-gathered ``LinearLayer``. AutoTP's ``_slice_embedding`` (module_inject/auto_tp.py:886-929)
+rebuilds the embedding as a bare ``nn.Embedding(V, H/P)``: the claims say what a user must get, the
+hidden-sliced embedding with the user's ``padding_idx`` kept (the reference: the padding row never
+receives a gradient) and counted once by the clipping norm.
+
+Axes of the tied subjects reused here: ``padding`` (the embedding's padding_idx) and ``embed_spec``
+(the spec's partition_type; AutoTP slices the hidden dim for either).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from parity.subjects.base import Claims
+from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, reports_grad_norm
+from parity.subjects.deepspeed_tied import embed_specs, padding_index
+
+
+class EmbeddingSpecHead(ColumnGatheredHead):
+    name = "embed_spec_untied"
+    description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
+                   "row-parallel LinearAllreduce, lm_head column-gathered; padding_idx and clipping must survive.")
+    axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column")}
+    defaults = {"embed_spec": "row"}
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values))
+
+    def tensor_parallel_config(self, values):
+        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+            *embed_specs(values),
+            {"patterns": [r"proj\.weight$"], "partition_type": "row"},
+            {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True},
+        ]}}
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "LinearLayer", "proj": "LinearAllreduce", "embed_tokens": "Embedding"},
+                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0, "embed_tokens.weight": 1,
+                                    "proj.weight": 1, "proj.bias": None},
+                      reports_grad_norm=reports_grad_norm(values))
+
+
+SUBJECTS = [EmbeddingSpecHead()]
