@@ -102,7 +102,7 @@ if modal is not None:
         # DeepSpeed's ops are JIT-built when needed; none is built at install (no CUDA toolkit here).
         # The tree is not pip-installed: /repo on the path, as `python -m pytest` in a checkout.
         .env({"DS_BUILD_OPS": "0", "PYTHONPATH": REMOTE_ROOT})
-        .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), optional_dependencies=["liger", "hf"])
+        .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), optional_dependencies=["liger", "hf", "report", "test"])
         # Added at container start, not baked in: a changed tree needs no image rebuild.
         .add_local_dir(ROOT, remote_path=REMOTE_ROOT, ignore=IGNORE)
     )

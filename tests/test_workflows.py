@@ -179,3 +179,86 @@ def test_gpu_job_says_why_it_skips(secret):
     check, *rest = job["steps"]
     assert "::notice" in check["run"] and "GITHUB_STEP_SUMMARY" in check["run"] and secret in check["run"]
     assert all("steps.token.outputs.present == 'true'" in s.get("if", "") for s in rest)
+
+
+# The current major version of each action the workflow uses (looked up December 2026: checkout 7,
+# setup-python 7, upload-artifact 7). An older major runs on a deprecated Node runtime.
+CURRENT_MAJORS = {"actions/checkout": 7, "actions/setup-python": 7, "actions/upload-artifact": 7}
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+GPU_LABEL = "gpu"
+
+
+def action_version_problems(workflow: dict) -> list[str]:
+    problems = []
+    for job_id, job in workflow["jobs"].items():
+        for step in job.get("steps", []):
+            if "uses" not in step or step["uses"].startswith("./"):
+                continue
+            name, _, ref = step["uses"].partition("@")
+            major = re.fullmatch(r"v(\d+)(\.\d+)*", ref)
+            if name not in CURRENT_MAJORS:
+                problems.append(f"job {job_id}: {name} has no known current major (add it to CURRENT_MAJORS)")
+            elif not major or int(major.group(1)) < CURRENT_MAJORS[name]:
+                problems.append(f"job {job_id}: {name}@{ref} is older than v{CURRENT_MAJORS[name]}")
+    return problems
+
+
+def cpu_torch_problems(workflow: dict) -> list[str]:
+    """Every job that installs the suite first installs torch from PyTorch's CPU index, alone."""
+    problems = []
+    for job_id, job in workflow["jobs"].items():
+        runs_in_order = [step["run"] for step in job.get("steps", []) if "run" in step]
+        setup = next((i for i, run in enumerate(runs_in_order) if "ci/setup.sh" in run), None)
+        if setup is None:
+            continue
+        torch_first = [run for run in runs_in_order[:setup] if re.search(r"pip install\b.*\btorch\s*$", run, re.M)]
+        if not torch_first:
+            problems.append(f"job {job_id}: installs the suite without installing torch first")
+        elif not all(f"--index-url {CPU_TORCH_INDEX}" in run for run in torch_first):
+            problems.append(f"job {job_id}: torch is not installed from {CPU_TORCH_INDEX}")
+    return problems
+
+
+def gpu_gate_problems(workflow: dict) -> list[str]:
+    problems = []
+    gate = str(workflow["jobs"]["gpu"].get("if", ""))
+    if f"contains(github.event.pull_request.labels.*.name, '{GPU_LABEL}')" not in gate \
+            or "github.event_name != 'pull_request'" not in gate:
+        problems.append(f"job gpu: runs on every pull request (no `{GPU_LABEL}` label gate): {gate!r}")
+    if "labeled" not in (workflow["on"].get("pull_request") or {}).get("types", []):
+        problems.append("pull_request does not trigger on `labeled`: adding the label would start nothing")
+    for job_id in ("cpu", "mutation"):
+        if "github.event.action != 'labeled'" not in str(workflow["jobs"][job_id].get("if", "")):
+            problems.append(f"job {job_id}: reruns when a label is added")
+    if "labeled" not in str(workflow.get("concurrency", {}).get("group", "")):
+        problems.append("concurrency: a label event would cancel the running CPU jobs")
+    return problems
+
+
+def test_actions_are_at_their_current_major():
+    assert action_version_problems(_workflow()) == []
+    old = {"jobs": {"x": {"steps": [{"uses": "actions/checkout@v4"}, {"uses": "actions/cache@v9"},
+                                    {"uses": "actions/setup-python@v7.1"}, {"uses": "./local-action"}]}}}
+    assert action_version_problems(old) == [
+        "job x: actions/checkout@v4 is older than v7",
+        "job x: actions/cache has no known current major (add it to CURRENT_MAJORS)"]
+
+
+def test_torch_comes_from_pytorchs_cpu_index():
+    assert cpu_torch_problems(_workflow()) == []
+    pypi = {"jobs": {"x": {"steps": [{"run": "python3 -m venv .venv\n.venv/bin/pip install torch"},
+                                     {"run": "bash ci/setup.sh"}]},
+                     "y": {"steps": [{"run": "bash ci/setup.sh"}]}}}
+    assert cpu_torch_problems(pypi) == [f"job x: torch is not installed from {CPU_TORCH_INDEX}",
+                                        "job y: installs the suite without installing torch first"]
+
+
+def test_the_paid_gpu_job_needs_a_label_on_pull_requests():
+    assert gpu_gate_problems(_workflow()) == []
+    ungated = {"on": {"pull_request": None}, "concurrency": {"group": "parity-${{ github.ref }}"},
+               "jobs": {"gpu": {}, "cpu": {}, "mutation": {"if": "github.event.action != 'labeled'"}}}
+    assert gpu_gate_problems(ungated) == [
+        "job gpu: runs on every pull request (no `gpu` label gate): ''",
+        "pull_request does not trigger on `labeled`: adding the label would start nothing",
+        "job cpu: reruns when a label is added",
+        "concurrency: a label event would cancel the running CPU jobs"]

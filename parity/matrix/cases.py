@@ -30,6 +30,7 @@ and the file's value order, so the same file gives the same ids in the same orde
 from __future__ import annotations
 
 import itertools
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,10 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
                "collectives")
 EXPECT_KEYS = ("error", "match")
 DIVERGENCE_KEYS = ("reason", "repro", "checks")
-CASES_DIR = Path(__file__).resolve().parents[2] / "cases"
+# The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
+# neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
+CASES_DIR_VAR = "PARITY_CASES_DIR"
+CASES_DIR = Path(os.environ.get(CASES_DIR_VAR) or Path(__file__).resolve().parents[2] / "cases").resolve()
 
 
 class CaseFileError(ValueError):
@@ -295,7 +299,11 @@ def _unique(cases: list[Case]) -> list[Case]:
 
 
 def default_files() -> list[Path]:
-    return sorted(CASES_DIR.glob("*.toml"))
+    files = sorted(CASES_DIR.glob("*.toml"))
+    if not files:
+        raise CaseFileError(CASES_DIR, CASES_DIR_VAR, "no case files (*.toml) in this directory; an installed "
+                            "wheel carries none: set PARITY_CASES_DIR to a checkout's cases/ or pass --matrix FILE")
+    return files
 
 
 def load(paths=None) -> list[Case]:

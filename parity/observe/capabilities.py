@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
 
 ASSUME_MISSING_VAR = "PARITY_ASSUME_MISSING"
 
@@ -38,9 +42,41 @@ def _cpu_fp16() -> str | None:
             "CPU accelerator refuses fp16")
 
 
+def _triton_interpreter() -> str | None:
+    # Liger's kernels run on CPU through Triton's interpreter. A kernel of the suite's own, in a child
+    # process (TRITON_INTERPRET must be set before triton is imported, and a crash must not take this
+    # process along), asks whether that works with the installed triton and numpy, without Liger.
+    if find_spec("triton") is None:
+        return "triton_interpreter: triton is not installed"
+    probe = Path(__file__).with_name("triton_probe.py")
+    try:
+        proc = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TRITON_INTERPRET": "1"})
+    except subprocess.TimeoutExpired:
+        return f"triton_interpreter: {probe.name} did not finish in 300 s"
+    if proc.returncode == 0:
+        return None
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return (f"triton_interpreter: Triton's interpreter fails the suite's probe kernel with "
+            f"{_versions('triton', 'numpy')}: {lines[-1] if lines else f'exit status {proc.returncode}'}")
+
+
+def _versions(*names) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ", ".join(found)
+
+
 PROBES = {
     "cuda": _cuda,
     "cpu_fp16": _cpu_fp16,
+    "triton_interpreter": _triton_interpreter,
 }
 
 
@@ -76,3 +112,10 @@ def unavailable_reason(names) -> str | None:
 def snapshot() -> dict:
     """Every capability as this run sees it, for reports: name -> None (present) or why it is missing."""
     return {name: missing(name) for name in PROBES}
+
+
+def facts() -> dict:
+    """What the machine has that decides no case by itself, for reports (and for placement to read)."""
+    import torch
+
+    return {"gpu_count": torch.cuda.device_count()}

@@ -77,17 +77,15 @@ def summary_table(verdicts, wall_s: float, not_run=()) -> str:
     return "\n".join(lines)
 
 
-def environment() -> dict:
-    import torch
-
-    info = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
-            "cpu_count": __import__("os").cpu_count()}
-    for name in ("deepspeed", "liger_kernel", "triton"):
-        try:
-            from importlib.metadata import version
-            info[name] = version(name.replace("_", "-"))
-        except Exception:  # noqa: BLE001 - absence is the information
-            info[name] = None
+def environment(packages: dict, machine: dict, suite: dict) -> dict:
+    """The flat table summary.md and report.html show; summary.json keeps the detail beside it."""
+    info = {"python": platform.python_version(), "machine": platform.machine(), **{
+        name: p["version"] + ("" if p.get("from_installed_distribution", True) else f" (from {p['path']})")
+        + (f" git {p['git']['commit'][:12]}{' dirty' if p['git']['dirty'] else ''}" if p.get("git") else "")
+        if p["version"] else None for name, p in packages.items()}}
+    info.update({k: machine[k] for k in ("cpu_model", "cpu_count", "gpu_count", "gpu_name", "cuda", "nccl")})
+    git = suite.get("git")
+    info["suite_commit"] = git and git["commit"][:12] + (" dirty" if git["dirty"] else "")
     return info
 
 
@@ -114,9 +112,16 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    from parity.observe import capabilities
+    from parity.report import environment as env
+
     counts = Counter(r["verdict"] for r in records)
-    run = {"command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
-           "environment": environment(),
+    packages, machine, suite = env.packages(), env.machine(), env.suite()
+    run = {"schema_version": env.SCHEMA_VERSION,
+           "command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
+           "environment": environment(packages, machine, suite),
+           "packages": packages, "machine": machine, "suite": suite,
+           "capabilities": capabilities.snapshot(), "capability_facts": capabilities.facts(),
            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
     if launcher:
         run["launcher"] = launcher
@@ -127,6 +132,6 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     with open(directory / "results.jsonl", "w") as out:
         for record in records:
             for line in result_lines(record):
-                out.write(json.dumps(line, default=str, separators=(",", ":")) + "\n")
+                out.write(json.dumps({"schema_version": env.SCHEMA_VERSION, **line}, default=str, separators=(",", ":")) + "\n")
     (directory / "summary.md").write_text(summary_markdown(records, run))
     (directory / "report.html").write_text(report_html(records, run))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from parity.checks.tolerances import RATIO_CHANGE
 from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED
+from parity.report.environment import version_changes
 
 # A skip lost a check that ran before; a divergence is a documented difference; xpassed matched.
 VERDICT_RANK = {PASSED: 0, XPASSED: 0, SKIPPED: 1, DIVERGED: 1, FAILED: 2}
@@ -100,6 +101,7 @@ def diff_runs(a: dict, b: dict, ratio_change: float = RATIO_CHANGE, ignore_axes:
     margins.sort(key=lambda m: -abs(m["delta"]))
     worse = sum(c["worse"] for c in changed) + sum(c["worse"] for c in only_b)
     return {"ratio_change": ratio_change, "ignore_axes": list(ignore_axes), "compared": len(set(ia) & set(ib)),
+            "versions_changed": version_changes(a, b),
             "verdict_changed": changed, "only_in_a": only_a, "only_in_b": only_b, "ratio_changed": margins,
             "worse": worse}
 
@@ -118,6 +120,10 @@ def _ratio(value) -> str:
 def format_diff(result: dict, a_label: str, b_label: str) -> str:
     lines = [f"A = {a_label}", f"B = {b_label}", f"{result['compared']} cases in both"
              + (f" (matched ignoring {', '.join(result['ignore_axes'])})" if result["ignore_axes"] else "")]
+    if result["versions_changed"]:
+        # Said first: a verdict that changed with DeepSpeed is the point of the run, not noise.
+        lines += ["", f"tested different versions ({len(result['versions_changed'])}):"]
+        lines += [f"  {line}" for line in result["versions_changed"]]
     if result["verdict_changed"]:
         lines += ["", f"verdict changed ({len(result['verdict_changed'])}):"]
         lines += _table(("case", "A", "B", "", "B's first failure / reason"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from parity.report.plots import case_figure, ratio_histogram
+from parity.report.plots import case_figure, missing as plots_missing, ratio_histogram
 from parity.report.records import (check_results, closest, counts_by_subject, failure_summary, first_divergence,
                                    fmt, is_near_failing, where, worst_check, worst_ratio)
 from parity.checks.tolerances import NEAR_FAILING_RATIO
@@ -102,7 +102,7 @@ def _case_section(index: int, record: dict) -> str:
         parts.append(f'<figure><img alt="error vs bound per step: {escape(record["id"])}" '
                      f'src="data:image/png;base64,{png}"><figcaption class="note">{caption}</figcaption></figure>')
     else:
-        parts.append('<p class="note">No per-step numerical checks to plot.</p>')
+        parts.append(f'<p class="note">{escape(plots_missing() or "No per-step numerical checks to plot.")}</p>')
     failed_checks = [c for c in check_results(record) if not c["passed"]]
     if len(failed_checks) > 1:
         parts += [f"<h4>Failed checks ({len(failed_checks)}, first {min(len(failed_checks), MAX_FAILED_CHECKS)})</h4>",
@@ -153,7 +153,7 @@ def report_html(records: list[dict], run: dict) -> str:
              f'<p class="note">measured / bound of every check that has a tolerance (exact checks have bound 0 and '
              f"are not counted); 1 is the bound, {NEAR_FAILING_RATIO:g} the near-failing line.</p>",
              f'<img alt="histogram of measured/bound ratios" src="data:image/png;base64,{histogram}">' if histogram
-             else "<p>No numerical checks ran.</p>",
+             else f"<p>{escape(plots_missing() or 'No numerical checks ran.')}</p>",
              '<h2 id="other">Known divergences, skips, closest passing cases</h2>']
     for status, title in ((DIVERGED, "Known divergences"), (XPASSED, "Known divergences that now match the reference "
                                                                       "(remove their marks)"), (SKIPPED, "Skipped")):

@@ -11,6 +11,15 @@ from parity.checks.tolerances import NEAR_FAILING_RATIO
 MAX_PANELS = 12  # tensors per case figure, worst ratio first; the page says when more were left out
 
 
+def missing() -> str | None:
+    """Why report.html has no plots here, or None: matplotlib is the `report` extra, not a core need."""
+    from importlib.util import find_spec
+
+    if find_spec("matplotlib") is None:
+        return "matplotlib is not installed (pip install 'tp-parity[report]'), so report.html has no plots"
+    return None
+
+
 def _pyplot():
     import matplotlib
 
@@ -48,7 +57,7 @@ def plotted_series(record: dict) -> dict:
 def case_figure(record: dict) -> tuple[str | None, int]:
     """Measured error and bound per step for each tensor: (base64 PNG or None, tensors left out)."""
     series = plotted_series(record)
-    if not series:
+    if not series or missing():
         return None, 0
     def worst(name):
         return max(m / b for points in series[name].values() for _, m, b in points)
@@ -92,7 +101,7 @@ def ratio_histogram(records: list[dict]) -> str | None:
     """Measured/bound across the run: every toleranced check, and each case's worst."""
     per_check = [c["ratio"] for r in records for c in check_results(r) if c.get("bound") and c.get("ratio") is not None]
     per_case = [worst_ratio(r) for r in records if worst_ratio(r) is not None]
-    if not per_check and not per_case:
+    if (not per_check and not per_case) or missing():
         return None
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter, NullLocator

@@ -86,6 +86,11 @@ class LigerShards:
     def markers(self, values):
         return super().markers(values) + ["liger"]
 
+    def requires(self, values):
+        # On CPU Liger's kernels run in Triton's interpreter (the rank worker sets TRITON_INTERPRET=1).
+        cpu = values.get("device", "cpu") == "cpu"
+        return super().requires(values) + (["triton_interpreter"] if cpu else [])
+
     def unavailable_reason(self, values):
         if values["vocab"] % values["tp"]:
             return "Liger assumes equal vocabulary shards; this vocabulary does not divide by tp"

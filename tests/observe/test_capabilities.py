@@ -73,3 +73,51 @@ def test_a_cpu_without_fp16_skips_engine_fp16_cases_by_name_and_strict_fails_the
         assert cases[case_id]["verdict"] == "failed"
         assert cases[case_id]["reason"].startswith("strict mode: would skip: needs cpu_fp16")
     assert cases[DIRECT_FP16]["verdict"] == "passed"
+
+
+LIGER_CPU = ("liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu", "ds_liger_ce-fp32-v32-ign_none-tp2-cpu")
+PLAIN_CPU = "ds_vocab_ce-fp32-none-v32-ign_none-tp2-cpu"  # DeepSpeed's torch CE: no Triton anywhere
+
+
+def test_every_liger_case_on_cpu_needs_the_interpreter_and_nothing_else_does():
+    needing = {c.id for c in load() if "triton_interpreter" in SUBJECTS[c.subject].requires(c.values)}
+    liger_cpu = {c.id for c in load() if c.subject in ("liger_vocab_ce", "ds_liger_ce")
+                 and c.values.get("device", "cpu") == "cpu"}
+    assert set(LIGER_CPU) <= needing and len(needing) >= 30 and PLAIN_CPU not in needing
+    assert needing == liger_cpu
+
+
+def test_the_interpreter_probe_runs_a_kernel_of_its_own_and_can_fail(monkeypatch, tmp_path):
+    probe = Path(capabilities.__file__).with_name("triton_probe.py")
+    tree = ast.parse(probe.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported & {"deepspeed", "liger_kernel", "parity"} == set(), imported
+    assert capabilities._triton_interpreter() is None  # this machine's triton/numpy pair works
+    # A triton whose interpreter breaks as Triton 3.6's does under numpy >= 2.4: first on the path.
+    fake = tmp_path / "triton"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise RuntimeError(\"InterpreterError: TypeError('only 0-dimensional arrays can be converted')\")\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    reason = capabilities._triton_interpreter()
+    assert reason.startswith("triton_interpreter: Triton's interpreter fails"), reason
+    assert "only 0-dimensional arrays" in reason and "numpy " in reason, reason
+
+
+def test_a_broken_interpreter_skips_liger_cpu_cases_by_name_and_strict_fails_them(tmp_path):
+    for strict in (False, True):
+        report = tmp_path / f"strict{int(strict)}"
+        env = {**os.environ, capabilities.ASSUME_MISSING_VAR: "triton_interpreter",
+               "PARITY_STRICT": "1" if strict else "0"}
+        cmd = [sys.executable, "-m", "parity.cli", "run", "--report", str(report), "--case", PLAIN_CPU]
+        cmd += [arg for case_id in LIGER_CPU for arg in ("--case", case_id)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        summary = json.loads((report / "summary.json").read_text())
+        cases = {c["id"]: c for c in summary["cases"]}
+        assert proc.returncode == int(strict), proc.stdout[-3000:] + proc.stderr[-3000:]
+        for case_id in LIGER_CPU:
+            prefix = "strict mode: would skip: " if strict else ""
+            assert cases[case_id]["verdict"] == ("failed" if strict else "skipped"), cases[case_id]
+            assert cases[case_id]["reason"].startswith(prefix + "needs triton_interpreter"), cases[case_id]
+        assert cases[PLAIN_CPU]["verdict"] == "passed", cases[PLAIN_CPU]

@@ -107,3 +107,14 @@ def test_write_report_from_plain_dicts_marks_near_failing_cases(tmp_path):
     assert [(line["step"], line["checks"], line["passed"], line["ratio"]) for line in over] == [
         (0, 2, True, 0.3), (1, 2, False, 2.0)]
     assert over[1]["rank"] == 0 and over[1]["margin"] < 0
+
+
+def test_without_matplotlib_the_report_is_written_and_says_the_plots_are_missing(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    write_report(tmp_path, [record("over", "failed", [0.3, 2.0], failed_at=1)], 1.0, ["parity", "run"])
+    html = (tmp_path / "report.html").read_text()
+    assert "matplotlib is not installed (pip install &#x27;tp-parity[report]&#x27;)" in html, html[:2000]
+    assert "data:image/png" not in html
