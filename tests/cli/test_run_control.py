@@ -48,6 +48,7 @@ def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path):
     for line in proc.stdout:  # the second case hangs: interrupt once the first one is judged
         lines.append(line)
         if line.startswith("[1/3]"):
+            time.sleep(3)  # mid-case, as a person presses it
             proc.send_signal(signal.SIGINT)
             break
         assert time.monotonic() < deadline, "".join(lines)
@@ -67,7 +68,8 @@ def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path):
 def test_subject_module_from_the_current_directory_as_the_console_script_runs(tmp_path):
     (tmp_path / "bin").mkdir()
     # What pip's `parity` entry point does: sys.path[0] is the script's own directory.
-    (tmp_path / "bin/parity").write_text("import sys\nfrom parity.cli import main\nsys.exit(main())\n")
+    (tmp_path / "bin/parity").write_text("import sys\nfrom parity.cli import main\nif __name__ == '__main__':\n"
+                                         "    sys.exit(main())\n")
     (tmp_path / "my_subjects.py").write_text(textwrap.dedent("""
         from tests.faulty_subjects import DroppedInputGradAllReduce
 
