@@ -1,15 +1,27 @@
-"""parity list | run | diff | mutants | bench: the command-line face of the suite."""
+"""parity list | run | diff | mutants | bench: the command-line face of the suite.
+
+Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
+(or a diff got worse, a mutant survived); 2 bad input, named in one line on stderr; 130 interrupted.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
-from parity.matrix.cases import CaseFileError, load, select
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+class UsageError(Exception):
+    """Input the user can fix: printed as one line, exit status 2."""
 
 
 def cmd_list(args) -> int:
+    from parity.matrix.cases import load, select
+
     cases = select(load(args.matrix), args.k, args.case, args.device)
     if args.coverage:
         from parity.matrix.coverage import coverage_table
@@ -25,19 +37,71 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from parity.report.console import Progress, summary_table, write_report
-    from parity.harness.runner import Runner, default_jobs, strict_from_env
+def rerun_ids(directory: str, strict: bool) -> list[str]:
+    """The cases a previous report failed; under strict, also its xpassed ones (they fail now)."""
+    path = Path(directory) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"--rerun-failed {directory}: cannot read {path}: {exc.strerror or exc} "
+                         "(want a directory written by `parity run --report`)") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--rerun-failed {directory}: {path} is not JSON: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("cases"), list):
+        raise UsageError(f"--rerun-failed {directory}: {path} has no 'cases' list (not a parity report?)")
+    wanted = {"failed", "xpassed"} if strict else {"failed"}
+    return [c["id"] for c in summary["cases"] if isinstance(c, dict) and c.get("verdict") in wanted]
 
+
+def resolve_rerun(args, strict: bool) -> bool:
+    """--rerun-failed DIR becomes --case for each failure (so both launchers honour it); False: nothing to rerun."""
+    from parity.matrix.cases import SelectionError, load, select
+
+    if args.case:
+        raise UsageError("--rerun-failed and --case both pick the cases: give one of them")
+    ids = rerun_ids(args.rerun_failed, strict)
+    if not ids:
+        return False
+    try:
+        select(load(args.matrix), None, ids, args.device)
+    except SelectionError as exc:
+        raise UsageError(f"--rerun-failed {args.rerun_failed}: {exc}; pass the --matrix that run used") from None
+    args.case = ids
+    return True
+
+
+def cmd_run(args) -> int:
+    from parity.harness.runner import strict_from_env
+    from parity.matrix.cases import load, select
+    from parity.mutation.catalog import ENV_VAR as MUTANT_VAR, BY_NAME, apply_from_env
+
+    strict = args.strict or strict_from_env()
+    mutant = os.environ.get(MUTANT_VAR, "").strip()
+    if mutant and mutant not in BY_NAME:
+        raise UsageError(f"{MUTANT_VAR}={mutant}: no such mutant (see `parity mutants --list`)")
+    if args.rerun_failed and not resolve_rerun(args, strict):
+        print(f"parity: {args.rerun_failed}/summary.json lists no failed case: nothing to rerun")
+        return 0
     if args.launcher == "torchrun":
+        if args.maxfail:
+            raise UsageError("-x/--maxfail works with --launcher spawn only (a torchrun job cannot stop its peers early)")
         from parity.torchrun_launch import cmd_run_torchrun
 
         return cmd_run_torchrun(args)
     cases = select(load(args.matrix), args.k, args.case, args.device)
     if not cases:
-        print("parity: no cases selected", file=sys.stderr)
-        return 2
-    strict = args.strict or strict_from_env()
+        raise UsageError("no cases selected")
+    # A reference mutant lives in this process (the ranks apply rank mutants themselves), so a
+    # mutation check's reproducer `PARITY_MUTANT=... parity run --case ID` plants it here too.
+    apply_from_env("parent")
+    return run_cases(args, cases, strict)
+
+
+def run_cases(args, cases, strict: bool) -> int:
+    from parity.checks.verdict import FAILED
+    from parity.harness.runner import Runner, default_jobs
+    from parity.report.console import Progress, summary_table, write_report
+
     runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs)
     progress = Progress(len(cases))
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
@@ -48,37 +112,73 @@ def cmd_run(args) -> int:
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)
     start = time.monotonic()
-    verdicts = []
+    verdicts, not_run, interrupted = [], [], False
     try:
-        for verdict in runner.run_all(cases, jobs):
+        for i, verdict in enumerate(runner.run_all(cases, jobs)):
             verdicts.append(verdict)
             progress.update(verdict)
+            failures = sum(v.status == FAILED for v in verdicts)
+            if args.maxfail and failures >= args.maxfail and i + 1 < len(cases):
+                why = f"not run: stopped after {failures} failed (--maxfail {args.maxfail})"
+                not_run = [{"id": c.id, "reason": why} for c in cases[i + 1:]]
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+        not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases[len(verdicts):]]
+        print(f"\ninterrupted: {len(verdicts)} of {len(cases)} cases ran", flush=True)
     finally:
-        runner.close()
+        runner.close(force=interrupted)
     wall = time.monotonic() - start
-    print(summary_table(verdicts, wall))
+    print(summary_table(verdicts, wall, not_run))
     if args.report:
-        write_report(args.report, [v.as_dict() for v in verdicts], wall, ["parity", *args.argv])
-        print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html")
-    return 1 if any(v.status == "failed" for v in verdicts) else 0
+        write_report(args.report, [v.as_dict() for v in verdicts], wall, ["parity", *args.argv], not_run=not_run,
+                     interrupted=interrupted)
+        print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html"
+              + (" (partial: interrupted)" if interrupted else ""))
+    if interrupted:
+        return INTERRUPTED
+    return 1 if any(v.status == FAILED for v in verdicts) else 0
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["mutants"]:  # its own options: see parity/mutation/check.py
-        from parity.mutation.check import main as mutants_main
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
+    return value
 
-        return mutants_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="parity", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch (mutants --help)")
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("tp-parity")
+    except PackageNotFoundError:
+        return "unknown (tp-parity is not installed; running from a source tree)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and option has help text (tests/test_cli.py walks this tree)."""
+    from parity.bench import add_arguments as add_bench_arguments
+    from parity.mutation import check as mutation_check
+    from parity.report.diff import add_arguments as add_diff_arguments
+
+    parser = argparse.ArgumentParser(prog="parity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the installed tp-parity version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {"list": "print the selected case ids (or their definitions, or the coverage table)",
+             "run": "run the selected cases on rank processes and judge them against the reference"}
     for name in ("list", "run"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.add_argument("--matrix", action="append", help="case file (repeatable; default: cases/*.toml)")
         p.add_argument("-k", metavar="EXPR", help="select cases by id, pytest -k syntax")
         p.add_argument("--case", action="append", metavar="ID", help="run exactly this case (repeatable)")
         p.add_argument("--device", choices=("cpu", "cuda"), help="only cases on this device")
-    sub.choices["list"].add_argument("--json", action="store_true")
+    sub.choices["list"].add_argument("--json", action="store_true", help="print each case's definition as JSON")
     sub.choices["list"].add_argument("--coverage", action="store_true",
                                      help="print the subject x axis coverage table (markdown, as in the README)")
     run = sub.choices["run"]
@@ -95,15 +195,23 @@ def main(argv=None) -> int:
     run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                      help="spawn: parity starts its own rank groups (default); torchrun: this process is one "
                           "rank of `torchrun ... -m parity.cli run --launcher torchrun` (parity/torchrun_launch.py)")
-    from parity.report.diff import add_arguments as add_diff_arguments
+    run.add_argument("-x", "--exitfirst", action="store_const", const=1, dest="maxfail",
+                     help="stop after the first failed case (the rest are listed as not run)")
+    run.add_argument("--maxfail", type=positive_int, metavar="N", help="stop after N failed cases")
+    run.add_argument("--rerun-failed", metavar="DIR",
+                     help="run the cases that failed in the report DIR/summary.json (and, under --strict, "
+                          "those that xpassed); -k and --device narrow them further")
+    add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse",
+                                      description="compare two report directories; exits 1 if a verdict got worse"))
+    mutants = sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch",
+                             description=mutation_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mutation_check.add_arguments(mutants)
+    add_bench_arguments(sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test",
+                                       description="print CE backend figures (time, peak memory); not a test"))
+    return parser
 
-    add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse"))
-    bench = sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test")
-    from parity.bench import add_arguments
 
-    add_arguments(bench)
-    args = parser.parse_args(argv)
-    args.argv = argv  # for the report: the command as typed
+def dispatch(args) -> int:
     if args.command == "diff":
         from parity.report.diff import cmd_diff
 
@@ -112,10 +220,39 @@ def main(argv=None) -> int:
         from parity.bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "mutants":
+        from parity.mutation.check import run
+
+        return run(args)
+    return {"list": cmd_list, "run": cmd_run}[args.command](args)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return {"list": cmd_list, "run": cmd_run}[args.command](args)
+        # The case code imports the subject registry, which imports PARITY_SUBJECT_MODULES.
+        from parity.matrix.cases import CaseFileError, SelectionError
+    except ImportError as exc:
+        if not getattr(exc, "usage_error", False):  # a broken install keeps its traceback
+            raise
+        print(f"parity: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv  # for the report: the command as typed
+        status = dispatch(args)
+        sys.stdout.flush()  # here, so a closed pipe is met inside the try and not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # `parity list | head`: the reader had what it wanted. Later writes (and the flush at exit)
+        # go nowhere instead of raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except CaseFileError as exc:
         print(f"parity: bad case file: {exc}", file=sys.stderr)
+        return 2
+    except (UsageError, SelectionError) as exc:
+        print(f"parity: {exc}", file=sys.stderr)
         return 2
 
 

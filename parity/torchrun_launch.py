@@ -34,6 +34,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from parity.matrix.cases import SelectionError
 from parity.harness.rank_pool import PEER_GRACE_S, PoolOutcome, RankError
 from parity.harness.rank_worker import CASE_COLLECTIVE_TIMEOUT_S, prepare_process, run_case, send_output_to
 
@@ -177,8 +178,8 @@ def cmd_run_torchrun(args) -> int:
         coordinator = Coordinator(args, cases_store, ctx, device, log_path, console)
         try:
             return coordinator.run()
-        except SystemExit as exc:  # bad input found by the shared selection code, e.g. an unknown --case
-            coordinator.say(str(exc.code))
+        except SelectionError as exc:  # bad input found by the shared selection code, e.g. an unknown --case
+            coordinator.say(f"parity: {exc}")
             return 2
         except BaseException:  # noqa: BLE001 - the console, not the rank log, must show it
             coordinator.say(f"parity: the coordinator (rank 0) failed:\n{traceback.format_exc()}")

@@ -1,6 +1,8 @@
 """One case's outcome: passed, failed or skipped, with the evidence."""
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass, field
 
 from parity.matrix.cases import Case
@@ -21,6 +23,10 @@ class Verdict:
     rank_errors: dict = field(default_factory=dict)  # rank -> parity.harness.rank_pool.RankError
     mode: str = ""  # how the ranks ran, e.g. "2 ranks sharing cuda:0 over gloo"
     observed: dict = field(default_factory=dict)  # facts worth reading in the summary, e.g. backends that ran
+    # What the reproducer needs besides the case id: the environment the case ran under (extra
+    # subject modules, a planted mutant, the visible GPUs) and strict mode, which turns a skip into a failure.
+    env: dict = field(default_factory=dict)
+    strict: bool = False
 
     @property
     def failed_checks(self) -> list:
@@ -42,8 +48,10 @@ class Verdict:
 
         source = self.case.source.rsplit(":", 1)[0]
         in_default = any(str(f).endswith("/" + source) or str(f) == source for f in default_files())
-        matrix = "" if in_default else f" --matrix {source}"
-        return f"parity run{matrix} --case {self.case.id}"
+        matrix = "" if in_default else f" --matrix {shlex.quote(source)}"
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(self.env.items()))
+        strict = " --strict" if self.strict else ""
+        return f"{env}parity run{matrix} --case {self.case.id}{strict}"
 
     def explain(self) -> str:
         """Everything a person needs to act on a failure."""
@@ -68,3 +76,15 @@ class Verdict:
                 # Every check, in the order it ran (chronological: setup, then step by step): what
                 # results.jsonl and report.html are written from (parity.report.console.write_report).
                 "check_results": [c.as_dict() for c in self.checks]}
+
+
+REPRO_ENV = ("PARITY_SUBJECT_MODULES", "PARITY_MUTANT")
+
+
+def repro_env(case: Case) -> dict:
+    """The variables of this process that decide what a case runs: read when it runs, since the
+    mutation check sets PARITY_MUTANT only around one mutant's cases."""
+    env = {k: os.environ[k] for k in REPRO_ENV if os.environ.get(k)}
+    if case.values.get("device") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    return env

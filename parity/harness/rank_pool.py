@@ -123,6 +123,9 @@ class RankPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+        if force:  # no rank will read what is queued; exit must not wait on a feeder thread for it (Ctrl-C mid-put)
+            for q in self.tasks:
+                q.cancel_join_thread()
         self.procs = []
         self.store = None
 

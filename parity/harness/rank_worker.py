@@ -64,6 +64,9 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
               log_path: str) -> None:
     log = send_output_to(log_path)
+    # A terminal's Ctrl-C reaches the whole process group; the parent decides what it means (a
+    # partial report) and stops its ranks itself, so a rank must not die mid-case on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),

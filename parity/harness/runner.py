@@ -11,7 +11,7 @@ from parity.matrix.cases import Case
 from parity.checks.compare import Check, compare, reference_pair
 from parity.harness.rank_pool import PoolStartError, RankPool
 from parity.subjects import SUBJECTS
-from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict
+from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict, repro_env
 
 DEFAULT_CASE_TIMEOUT_S = 120.0
 
@@ -40,13 +40,16 @@ class Runner:
             self.pools[key] = RankPool(world_size, device, self.log_dir)
         return self.pools[key]
 
-    def close(self) -> None:
+    def close(self, force: bool = False) -> None:
+        """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
         for p in self.pools.values():
-            p.close()
+            p.close(force=force)
         self.pools.clear()
 
     def run(self, case: Case) -> Verdict:
-        return timed_verdict(case, lambda: self._run(case))
+        verdict = timed_verdict(case, lambda: self._run(case))
+        verdict.strict = self.strict
+        return verdict
 
     def run_all(self, cases, jobs: int = 1):
         """Yield every case's verdict, in the cases' order, running up to ``jobs`` at once.
@@ -108,6 +111,7 @@ def timed_verdict(case: Case, produce) -> Verdict:
     except Exception:  # noqa: BLE001
         verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
     verdict.seconds = time.monotonic() - start
+    verdict.env = repro_env(case)
     return verdict
 
 

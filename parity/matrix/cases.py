@@ -48,6 +48,10 @@ CASES_DIR_VAR = "PARITY_CASES_DIR"
 CASES_DIR = Path(os.environ.get(CASES_DIR_VAR) or Path(__file__).resolve().parents[2] / "cases").resolve()
 
 
+class SelectionError(ValueError):
+    """A command line's case selection that cannot be honoured (bad -k, unknown id): a usage error."""
+
+
 class CaseFileError(ValueError):
     """A malformed case file: says which file, which key, and what is allowed."""
 
@@ -320,12 +324,19 @@ def select(cases, keyword: str | None, case_ids: list[str] | None, device: str |
         by_id = {c.id: c for c in cases}
         unknown = [i for i in case_ids if i not in by_id]
         if unknown:
-            raise SystemExit(f"parity: no case with id {unknown[0]!r} (see `parity list`)")
+            raise SelectionError(f"no case with id {unknown[0]!r} (see `parity list`)")
         return [by_id[i] for i in case_ids]
     if keyword:
         # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
-        from _pytest.mark.expression import Expression
+        from _pytest.mark import expression
 
-        expr = Expression.compile(keyword)
+        # pytest 9 raises SyntaxError(msg, (None, column, ...)); pytest 8 its own ParseError(column, message).
+        errors = tuple(e for e in (SyntaxError, getattr(expression, "ParseError", None)) if e)
+        try:
+            expr = expression.Expression.compile(keyword)
+        except errors as exc:
+            column = getattr(exc, "offset", None) or getattr(exc, "column", "?")
+            why = getattr(exc, "msg", None) or getattr(exc, "message", None) or str(exc)
+            raise SelectionError(f"bad -k expression {keyword!r}: at column {column}: {why}") from None
         cases = [c for c in cases if expr.evaluate(lambda term, c=c: term.lower() in c.id.lower())]
     return cases

@@ -14,7 +14,8 @@
 
 Exit status: 0 when every mutant not documented as equivalent is killed in every family it
 applies to and no equivalent mutant is killed (a killed equivalent mutant is a false alarm: the
-suite rejected a correct implementation); 1 otherwise; 2 when the baseline is not green.
+suite rejected a correct implementation); 1 otherwise; 2 when the baseline is not green or an
+argument is bad (an unknown --mutant).
 """
 from __future__ import annotations
 
@@ -134,9 +135,10 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_r
     undo = None
     os.environ.pop(catalog.ENV_VAR, None)
     if mutant is not None:
-        if mutant.where == "rank":
-            os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
-        else:
+        # Set for a parent mutant too: ranks ignore it (apply_from_env("rank")), and each failing
+        # case's reproducer then carries it (`parity run` applies a parent mutant from it).
+        os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
+        if mutant.where != "rank":
             undo = mutant.apply()
     runner = clean_runner or Runner(timeout_s=timeout_s,
                                     log_dir=os.path.join(log_dir, mutant.name) if log_dir and mutant else log_dir)
@@ -189,6 +191,12 @@ def kill_matrix_text(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mutation_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser) -> None:
+    """Shared by ci/mutation_check.py and `parity mutants`."""
     parser.add_argument("--fast", action="store_true", help="3 mutants x 2 cases (CI)")
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
     parser.add_argument("--json", metavar="PATH", help="write the kill matrix and per-case evidence here")
@@ -196,8 +204,13 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a case may take on its ranks")
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--logs", metavar="DIR", help="rank logs: DIR/baseline, DIR/<mutant> (default: a temp dir)")
-    args = parser.parse_args(argv)
 
+
+def run(args) -> int:
+    unknown = [n for n in args.mutant or () if n not in catalog.BY_NAME]
+    if unknown:
+        print(f"mutation check: unknown mutant {unknown[0]!r} (--list shows the catalog)", file=sys.stderr)
+        return 2
     if args.list:
         for m in catalog.MUTANTS:
             eq = f"  [equivalent: {m.equivalent}]" if m.equivalent else ""

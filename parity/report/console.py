@@ -102,10 +102,11 @@ def case_summary(record: dict) -> dict:
 
 
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
-                 launcher: str | None = None) -> None:
+                 launcher: str | None = None, interrupted: bool = False) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
     (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
-    cases this launch could not run (torchrun: another world size); launcher: set when not spawn."""
+    cases this launch could not run (torchrun: another world size; -x; Ctrl-C); launcher: set when
+    not spawn; interrupted: the run was stopped by Ctrl-C, so the report is partial."""
     from parity.report.html import report_html
     from parity.report.markdown import summary_markdown
     from parity.report.records import result_lines
@@ -125,6 +126,8 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
     if launcher:
         run["launcher"] = launcher
+    if interrupted:
+        run["interrupted"] = True
     if not_run:
         run["not_run"] = list(not_run)
     (directory / "summary.json").write_text(

@@ -2,12 +2,15 @@
 
 PARITY_SUBJECT_MODULES (comma-separated module names, each with a SUBJECTS list) adds subjects
 from elsewhere, e.g. the deliberately broken subjects of the self-tests. Rank processes inherit
-the variable, so they resolve the same names.
+the variable, so they resolve the same names. A name resolves against sys.path and then the current
+directory: the `parity` console script's sys.path holds its bin directory, not the directory it was
+started from, so `tests.faulty_subjects` would not import from there otherwise.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
@@ -32,9 +35,34 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 
+class SubjectModuleError(ImportError):
+    """A PARITY_SUBJECT_MODULES entry that cannot be imported or has no SUBJECTS: a usage error.
+    Raised while parity.subjects itself is being imported, so callers recognise it by this flag."""
+    usage_error = True
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        # Only a miss of the named module itself (not of something it imports) earns the retry.
+        if not exc.name or not (name == exc.name or name.startswith(exc.name + ".")) or here in sys.path:
+            raise
+        sys.path.append(here)  # appended: the current directory never shadows installed packages
+        return importlib.import_module(name)
+
+
 def register_modules(names: str) -> None:
     for module in filter(None, (n.strip() for n in names.split(","))):
-        for subject in importlib.import_module(module).SUBJECTS:
+        try:
+            imported = _import(module)
+        except ImportError as exc:
+            raise SubjectModuleError(f"{ENV_VAR}: cannot import {module!r} (looked on sys.path and in "
+                                     f"{os.getcwd()}): {exc}") from None
+        if not hasattr(imported, "SUBJECTS"):
+            raise SubjectModuleError(f"{ENV_VAR}: module {module!r} has no SUBJECTS list")
+        for subject in imported.SUBJECTS:
             SUBJECTS[subject.name] = subject
 
 
