@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from parity.observe.partition import shard_sizes, shard_slice
+from parity.observe.partition import shard_slice, split_sizes
 from parity.checks.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -51,11 +51,12 @@ class Check:
                 "detail": self.detail}
 
 
-def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int, grain: int = 1) -> np.ndarray:
+def _take(array: np.ndarray, dim: int | None, total: int, parts: int, index: int, grain: int = 1,
+          split: str = "near_even") -> np.ndarray:
     if dim is None:
         return array
     index_tuple = [slice(None)] * array.ndim
-    index_tuple[dim] = shard_slice(total, parts, index, grain)
+    index_tuple[dim] = shard_slice(total, parts, index, grain, split)
     return array[tuple(index_tuple)]
 
 
@@ -71,6 +72,7 @@ class Comparison:
         self.dtype = values["dtype"]
         self.tp = values.get("tp", 1)
         self.grain = values.get("grain", 1)
+        self.split = self.claims.split
         self.checks: list[Check] = []
 
     def add(self, *args, **kwargs) -> None:
@@ -178,7 +180,7 @@ class Comparison:
         dim = self.claims.param_shards.get(name)
         full = which.get("weight", -1, None, None, name)
         total = full.shape[dim] if dim is not None else 0
-        return _take(array, dim, total, self.tp, self.obs[rank].tp_rank, self.grain)
+        return _take(array, dim, total, self.tp, self.obs[rank].tp_rank, self.grain, self.split)
 
     def check_initial_weights(self) -> None:
         # No arithmetic separates a shard from the reference's slice: demand equality.
@@ -197,12 +199,12 @@ class Comparison:
                 got = o.get(kind, step, micro, None)
                 if dim is not None:
                     total = orc.shape[dim]
-                    want_width = shard_sizes(total, self.tp, self.grain)[o.tp_rank]
+                    want_width = split_sizes(total, self.tp, self.grain, self.split)[o.tp_rank]
                     width = None if got is None else got.shape[dim]
                     self.add(f"shard_width[{kind}]", width == want_width, step=step, micro=micro, rank=rank,
                              detail=f"local width {width}, partition formula says {want_width} of {total}")
-                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain)
-                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain)
+                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
+                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
                 if kind in self.claims.exact_records:
                     self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
                 else:

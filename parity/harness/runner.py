@@ -136,6 +136,8 @@ def judge(case: Case, outcome, strict: bool, mode: str = "") -> Verdict:
 def _judge(case, subject, values, outcome, strict) -> Verdict:
     if case.expect.is_error:
         return _rejection_verdict(case, outcome, strict)
+    if case.divergence is not None and case.divergence.raises and outcome.errors:
+        return _crash_divergence_verdict(case, outcome)
     if outcome.errors:
         first = min(outcome.errors)
         err = outcome.errors[first]
@@ -145,6 +147,12 @@ def _judge(case, subject, values, outcome, strict) -> Verdict:
     checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
     if not any(c.measured is not None for c in checks):
         return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
+    if case.divergence is not None and case.divergence.raises:  # it ran: the crash is gone
+        if not all(c.passed for c in checks):
+            return Verdict(case, FAILED, checks=checks, reason="the known crash no longer happens, but: "
+                                                                + next(c for c in checks if not c.passed).describe())
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks,
+                       reason=f"known divergence no longer reproduces ({case.divergence.repro}): remove the mark")
     if case.divergence is not None:
         return _divergence_verdict(case, checks, strict)
     status = PASSED if all(c.passed for c in checks) else FAILED
@@ -164,6 +172,24 @@ def _divergence_verdict(case: Case, checks, strict: bool) -> Verdict:
     return Verdict(case, DIVERGED, checks=checks,
                    reason=f"known divergence: {known.reason} (repro: {known.repro}); "
                           f"{len(failed)} checks differ, first: {failed[0].describe()}")
+
+
+def _crash_divergence_verdict(case: Case, outcome) -> Verdict:
+    """A documented crash: some rank raises the named error; every other error must be a peer lost to it
+    (a rank waiting in the collective the crashed one never joins)."""
+    known = case.divergence
+    named = {r: e for r, e in outcome.errors.items() if known.raises in f"{e.type}: {e.message}"}
+    other = {r: e for r, e in outcome.errors.items() if r not in named and e.type != "RankLost"}
+    if named and not other:
+        first = min(named)
+        return Verdict(case, DIVERGED, rank_errors=outcome.errors,
+                       reason=f"known divergence: {known.reason} (repro: {known.repro}); rank {first} raised "
+                              f"{named[first].type}: {named[first].message.splitlines()[0]}")
+    first = min(other or outcome.errors)
+    err = outcome.errors[first]
+    return Verdict(case, FAILED, rank_errors=outcome.errors,
+                   reason=f"expected the known crash ({known.raises!r}); rank {first} raised {err.type}: "
+                          f"{err.message.splitlines()[0] if err.message else ''}")
 
 
 def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:

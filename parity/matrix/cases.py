@@ -18,6 +18,8 @@ A file holds one or more ``[[matrix]]`` tables:
     reason = "why, in a sentence"
     repro = "ci/repro/name.py"          # a standalone script a maintainer can run (must exist)
     checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
+    raises = "RuntimeError: fragment"   # or: the subject crashes here; some rank must raise this ("Type: message"
+                                        # fragment), the others may only lose their peer; checks then unused
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
@@ -41,7 +43,7 @@ from parity.subjects import SUBJECTS
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
                "collectives")
 EXPECT_KEYS = ("error", "match")
-DIVERGENCE_KEYS = ("reason", "repro", "checks")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
@@ -78,6 +80,7 @@ class KnownDivergence:
     reason: str
     repro: str
     checks: tuple = ()  # empty: any numerical check may fail
+    raises: str = ""  # a crash, not a number: "Type: message" fragment some rank must raise
 
     def covers(self, check_name: str) -> bool:
         return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
@@ -111,7 +114,7 @@ class Case:
                 else "parity", "markers": list(self.markers),
                 "known_divergence": None if self.divergence is None else {
                     "reason": self.divergence.reason, "repro": self.divergence.repro,
-                    "checks": list(self.divergence.checks)},
+                    "checks": list(self.divergence.checks), "raises": self.divergence.raises or None},
                 "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
 
 
@@ -249,7 +252,10 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     checks = table.get("checks", [])
     if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
         raise CaseFileError(path, f"{where}.checks", "must be a list of check names")
-    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks))
+    raises = table.get("raises", "")
+    if not isinstance(raises, str) or ("raises" in table and ": " not in raises):
+        raise CaseFileError(path, f"{where}.raises", f"bad value {raises!r}", "'ExceptionType: message fragment'")
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises)
 
 
 def _collectives(path, where, table) -> tuple:

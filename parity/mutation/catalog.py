@@ -37,9 +37,12 @@ D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "d
 DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
 DS_LIGER_NO_GROUP = "ds_liger_no_group"
 HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
+T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel"
+T_EMBED = "torch_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
-            DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED)
+            DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
+            T_EMBED)
 
 
 @dataclass(frozen=True)
@@ -561,6 +564,61 @@ def _autotp_accepts_empty_vocab_shard():
     return _swap(auto_tp.AutoTP, "_validate_vocab_parallel_layer", _validate_vocab_parallel_layer)
 
 
+# -- PyTorch DTensor (torch.distributed.tensor, torch 2.13) -------------------------------------------
+
+def _partial_no_allreduce():
+    from torch.distributed.tensor.placement_types import Partial
+
+    def _reduce_value(self, tensor, mesh, mesh_dim):
+        return tensor  # upstream: funcol.all_reduce(tensor, reduceOp=self.reduce_op, group=(mesh, mesh_dim))
+
+    return _swap(Partial, "_reduce_value", _reduce_value)
+
+
+def _loss_parallel_local_sumexp():
+    import torch
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.distributed_c10d as c10d
+    import torch._prims_common as utils
+    from torch.distributed.tensor.parallel import loss
+
+    def _log_softmax(x, dim, half_to_float, mesh, mesh_dim):
+        if half_to_float:
+            if x.dtype != torch.half:
+                raise AssertionError
+        computation_dtype, result_dtype = utils.elementwise_dtypes(
+            x, type_promotion_kind=utils.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+        x = x.to(dtype=computation_dtype, memory_format=torch.contiguous_format)
+        if x.numel() == 0:
+            shifted = x
+        else:
+            x_max = torch.amax(x, dim, keepdim=True)
+            x_max = funcol.all_reduce(x_max, reduceOp=c10d.ReduceOp.MAX.name, group=(mesh, mesh_dim))
+            shifted = x - x_max
+        # upstream all-reduces (SUM) the shard's exp-sum here: the denominator stays local
+        shifted_sumexp = torch.sum(torch.exp(shifted), dim, keepdim=True)
+        result = shifted - torch.log(shifted_sumexp)
+        if not half_to_float:
+            result = result.to(result_dtype)
+        return result
+
+    return _swap(loss, "_log_softmax", _log_softmax)
+
+
+def _mask_partial_unmasked():
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor.placement_types import _MaskPartial
+
+    def _reduce_value(self, tensor, mesh, mesh_dim):
+        if self.mask_buffer.data is None:
+            raise AssertionError
+        # upstream applies the mask first: lookups of other shards' tokens (remapped to local row 0) are zeroed
+        self.mask_buffer.release_mask()
+        return funcol.all_reduce(tensor, reduceOp=self.reduce_op, group=(mesh, mesh_dim))
+
+    return _swap(_MaskPartial, "_reduce_value", _reduce_value)
+
+
 MUTANTS = [
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
@@ -699,6 +757,19 @@ MUTANTS = [
            "tp): the documented rejection no longer happens where DeepSpeed promises it",
            "deepspeed.module_inject.auto_tp.AutoTP._validate_vocab_parallel_layer",
            "rejection (ds_reject vocab_empty_shard)", (REJECT,), _autotp_accepts_empty_vocab_shard),
+    Mutant("torch_partial_no_allreduce",
+           "DTensor's Partial -> Replicate keeps each rank's partial value (no all-reduce): row-parallel logits "
+           "and a column head's input gradient stay partial sums",
+           "torch.distributed.tensor.placement_types.Partial._reduce_value", "logits / head_input_grad",
+           (T_COLUMN, T_VOCAB, T_ROW), _partial_no_allreduce),
+    Mutant("torch_loss_parallel_local_sumexp",
+           "loss_parallel's _log_softmax drops the SUM all-reduce of the exp-sum: a local softmax denominator",
+           "torch.distributed.tensor.parallel.loss._log_softmax", "loss", (T_VOCAB,), _loss_parallel_local_sumexp),
+    Mutant("torch_mask_partial_unmasked",
+           "_MaskPartial._reduce_value all-reduces without applying the mask: every rank adds its local row 0 "
+           "for tokens outside its shard",
+           "torch.distributed.tensor.placement_types._MaskPartial._reduce_value", "logits / head_input_grad",
+           (T_EMBED,), _mask_partial_unmasked),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

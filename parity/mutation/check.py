@@ -85,6 +85,10 @@ SELECTION = {
     catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],
     catalog.HF_ROW: ["hf_plan_row-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu"],
     catalog.HF_TIED: ["hf_plan_tied-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+    catalog.T_COLUMN: ["torch_column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.T_VOCAB: ["torch_vocab_parallel-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.T_ROW: ["torch_row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
+    catalog.T_EMBED: ["torch_vocab_embedding-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu-untied"],
 }
 # TP=2 x DP=2 (world 4): the one case where the world group is not the TP group. Last in its
 # family, so only mutants that survive the TP-only cases (column_backward_world_group) pay for a

@@ -13,6 +13,11 @@ inner call made by a wrapped function is not counted again. The wrappers count o
 ``recording()`` window, which a subject opens around the forward and backward of its head and
 loss, one window per micro-batch. A count is keyed ``"<kind>@<group size>"``, e.g. ``all_reduce@2``.
 
+DTensor does not call those: its redistributions and ``loss_parallel`` issue functional collectives
+(``torch.distributed._functional_collectives``, looked up on that module at call time), so those
+functions are wrapped too and counted under the kind of the c10d collective they stand for
+(``FUNCOL_KINDS``): a DTensor all-gather of logits and a DeepSpeed one read alike in a case file.
+
 ``CommDebugMode`` was not used: it sees only collectives that go through the dispatcher as c10d
 ops with DTensor/functional collectives in mind, and it keys by op, not by group, so it cannot
 tell a TP-group all-reduce from a world-group one.
@@ -35,6 +40,12 @@ KINDS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_objec
          "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "all_to_all",
          "all_to_all_single", "all_reduce_coalesced", "gather", "scatter", "barrier", "send", "recv",
          "isend", "irecv")
+
+# functional collective -> the kind it is counted as (group resolved from its group argument)
+FUNCOL_KINDS = {"all_reduce": "all_reduce", "all_gather_tensor": "all_gather_into_tensor",
+                "all_gather_single": "all_gather_into_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
+                "reduce_scatter_single": "reduce_scatter_tensor", "all_to_all_single": "all_to_all_single",
+                "broadcast": "broadcast", "all_reduce_coalesced": "all_reduce_coalesced"}
 
 _state = threading.local()
 _TRACE = bool(os.environ.get("PARITY_TRACE_COLLECTIVES"))  # print each counted call's stack (rank logs)
@@ -95,7 +106,44 @@ def install() -> None:
 
         functools.update_wrapper(wrapper, original)
         setattr(dist, kind, wrapper)
+    _install_functional()
     _installed = True
+
+
+def _install_functional() -> None:
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.distributed_c10d as c10d
+
+    for name, kind in FUNCOL_KINDS.items():
+        original = getattr(funcol, name, None)
+        if original is None:
+            continue
+
+        def wrapper(*args, __kind=kind, __name=name, __original=original, **kwargs):
+            counts = getattr(_state, "counts", None)
+            if counts is None or getattr(_state, "depth", 0):
+                return __original(*args, **kwargs)
+            import inspect
+
+            sig = _signatures.get("funcol." + __name)
+            if sig is None:
+                sig = _signatures["funcol." + __name] = inspect.signature(__original)
+            group = sig.bind_partial(*args, **kwargs).arguments.get("group")
+            size = c10d._resolve_process_group(funcol._resolve_group_name(group)).size()
+            counts[f"{__kind}@{size}"] += 1
+            if _TRACE:
+                import traceback
+
+                print(f"=== collective {__kind}@{size} (functional {__name}):\n"
+                      + "".join(traceback.format_stack(limit=8)[:-1]), flush=True)
+            _state.depth = 1
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                _state.depth = 0
+
+        functools.update_wrapper(wrapper, original)
+        setattr(funcol, name, wrapper)
 
 
 @contextlib.contextmanager

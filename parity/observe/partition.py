@@ -3,6 +3,12 @@
 Mirrors the documented AutoTP rule for output heads: near-even split, earlier ranks take the
 remainder (11 over 2 -> 6, 5); with a grain G > 1 the split is in whole grains and the last rank
 takes the leftover rows. The kv-head branch does not apply to heads named lm_head/embed_out.
+
+PyTorch's DTensor ``Shard`` placement splits differently, as ``torch.chunk`` does: every shard but
+the trailing ones is ceil(total / parts) wide, so 34 over 4 is 9, 9, 9, 7 (not 9, 9, 8, 8) and
+5 over 4 is 2, 2, 1, 0. ``chunk_sizes`` states that rule by this module's own arithmetic; the
+claims of a DTensor subject name it (``Claims.split``), so a subject cannot pass by reporting
+whatever DTensor did.
 """
 from __future__ import annotations
 
@@ -18,7 +24,25 @@ def shard_sizes(total: int, parts: int, grain: int = 1) -> list[int]:
     return [total // parts + (r < total % parts) for r in range(parts)]
 
 
-def shard_slice(total: int, parts: int, index: int, grain: int = 1) -> slice:
-    sizes = shard_sizes(total, parts, grain)
+def chunk_sizes(total: int, parts: int) -> list[int]:
+    """torch.chunk's split: ceil-sized leading chunks; the last non-empty one takes the rest, later ones are empty."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    width = -(-total // parts)
+    return [max(0, min(width, total - r * width)) for r in range(parts)]
+
+
+SPLITS = {"near_even": lambda total, parts, grain=1: shard_sizes(total, parts, grain),
+          "chunk": lambda total, parts, grain=1: chunk_sizes(total, parts)}
+
+
+def split_sizes(total: int, parts: int, grain: int = 1, split: str = "near_even") -> list[int]:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+    return SPLITS[split](total, parts, grain)
+
+
+def shard_slice(total: int, parts: int, index: int, grain: int = 1, split: str = "near_even") -> slice:
+    sizes = split_sizes(total, parts, grain, split)
     start = sum(sizes[:index])
     return slice(start, start + sizes[index])

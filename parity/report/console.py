@@ -51,7 +51,7 @@ def summary_table(verdicts, wall_s: float, not_run=()) -> str:
         lines.extend(f"  {n:4d}  {reason}" for reason, n in skipped.most_common())
     diverged = Counter((v.case.divergence.reason, v.case.divergence.repro) for v in verdicts if v.status == DIVERGED)
     if diverged:
-        lines.append("known divergences (DeepSpeed/Liger differ from the reference as documented):")
+        lines.append("known divergences (the subject differs from the reference as documented):")
         lines.extend(f"  {n:4d}  {reason}\n        repro: {repro}" for (reason, repro), n in diverged.most_common())
     xpassed = [v for v in verdicts if v.status == XPASSED]
     if xpassed:

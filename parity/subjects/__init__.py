@@ -24,6 +24,8 @@ from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
+from parity.subjects.torch_tp import (TorchColumnGatheredHead, TorchRowParallelHead, TorchVocabParallelEmbedding,
+                                      TorchVocabParallelHead)
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
@@ -31,7 +33,9 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
-                                EmbeddingSpecHead()]}
+                                EmbeddingSpecHead(),
+                                TorchColumnGatheredHead(), TorchVocabParallelHead(), TorchRowParallelHead(),
+                                TorchVocabParallelEmbedding()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
 
 

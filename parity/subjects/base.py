@@ -27,6 +27,8 @@ class Claims:
     # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
     # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].
     shared_params: tuple = ()
+    # how shards are sized (parity.observe.partition.SPLITS): "near_even" (AutoTP) or "chunk" (DTensor's Shard)
+    split: str = "near_even"
 
 
 @dataclass

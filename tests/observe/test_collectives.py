@@ -103,6 +103,15 @@ def test_counter_counts_inside_the_window_only(tmp_path):
             with collectives.paused():
                 dist.all_reduce(t)
         assert dict(counts) == {"all_reduce@1": 1, "broadcast@1": 1}
+        # DTensor's functional collectives are counted as the c10d kind they stand for, once each
+        import torch.distributed._functional_collectives as funcol
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh("cpu", [0])
+        with collectives.recording() as counts:
+            funcol.all_reduce(t, "sum", group=(mesh, 0)).wait()
+            funcol.all_gather_single(t, 0, group=mesh).wait()
+        assert dict(counts) == {"all_reduce@1": 1, "all_gather_into_tensor@1": 1}
     finally:
         dist.destroy_process_group()
 
@@ -114,5 +123,6 @@ def test_every_subject_family_has_a_mutant_and_declared_counts():
     declared = {c.subject for c in load() if c.collectives}
     assert declared >= {"column_gathered", "vocab_parallel", "row_parallel", "tied_row_parallel",
                         "tied_vocab_parallel", "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce",
-                        "liger_vocab_ce"}
+                        "liger_vocab_ce", "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel",
+                        "torch_vocab_embedding"}
     assert any("collectives" in m.observable for m in mutants.MUTANTS)  # a mutant only the counts catch
