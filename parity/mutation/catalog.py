@@ -39,10 +39,11 @@ DS_LIGER_NO_GROUP = "ds_liger_no_group"
 HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
 T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel"
 T_EMBED = "torch_vocab_embedding"
+EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED)
+            T_EMBED, EMBED_SPEC)
 
 
 @dataclass(frozen=True)
@@ -623,7 +624,8 @@ MUTANTS = [
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",
-           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN),
+           "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN,
+                                                                             EMBED_SPEC),
            _column_backward_no_allreduce),
     Mutant("column_backward_world_group",
            "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",

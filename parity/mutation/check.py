@@ -26,6 +26,7 @@ import sys
 import time
 
 from parity.mutation import catalog
+from parity.checks.compare import clear_reference_cache
 from parity.checks.verdict import FAILED, PASSED
 
 # Per family: a spread over dtype, reduction, even/uneven vocab, hidden, bias, head name, ZeRO stage.
@@ -89,6 +90,7 @@ SELECTION = {
     catalog.T_VOCAB: ["torch_vocab_parallel-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
     catalog.T_ROW: ["torch_row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-gas2-tp2-cpu"],
     catalog.T_EMBED: ["torch_vocab_embedding-fp32-mean-v35-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu-untied"],
+    catalog.EMBED_SPEC: ["embed_spec_untied-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_row"],
 }
 # TP=2 x DP=2 (world 4): the one case where the world group is not the TP group. Last in its
 # family, so only mutants that survive the TP-only cases (column_backward_world_group) pay for a
@@ -144,6 +146,10 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_r
         os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
         if mutant.where != "rank":
             undo = mutant.apply()
+            # References are shared between cases (checks.compare.reference_pair): ones computed
+            # before this mutant was planted would hide it, and ones computed under it must not
+            # outlive it.
+            clear_reference_cache()
     runner = clean_runner or Runner(timeout_s=timeout_s,
                                     log_dir=os.path.join(log_dir, mutant.name) if log_dir and mutant else log_dir)
     results = []
@@ -158,12 +164,14 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_r
             runner.close()
         if undo is not None:
             undo()
+            clear_reference_cache()
         os.environ.pop(catalog.ENV_VAR, None)
     return results
 
 
 def select_cases(families, per_family: int | None) -> dict:
     from parity.matrix.cases import load
+    from parity.subjects import SUBJECTS
 
     by_id = {c.id: c for c in load()}
     out = {}
@@ -172,7 +180,18 @@ def select_cases(families, per_family: int | None) -> dict:
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise SystemExit(f"mutation check: case {missing[0]!r} is not in the default matrix")
-        out[fam] = [by_id[i] for i in ids]
+        runnable = []
+        for case in (by_id[i] for i in ids):
+            # A case this machine cannot run (e.g. fp16 engines without oneDNN fp16) can neither
+            # pass the baseline nor kill a mutant: it is left out, and said so.
+            why = SUBJECTS[case.subject].unavailable_reason(case.values)
+            if why:
+                print(f"not run here: {case.id}: {why}", flush=True)
+            else:
+                runnable.append(case)
+        if not runnable:
+            raise SystemExit(f"mutation check: no case of family {fam!r} can run on this machine")
+        out[fam] = runnable
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from parity.matrix.axes import AXES
 from parity.matrix.cases import case_id, load_file
 from parity.checks.compare import compare, reference_pair
 from parity.observe.observations import RankObservations
@@ -108,6 +109,7 @@ def test_chunk_axis_leaves_other_subjects_ids_alone():
     values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True,
               "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "dp": 1, "device": "cpu",
               "head_input": "sequence", "chunk": 5, "grain": 1, "clip": 0.0}
+    values = {**{a: AXES[a].default for a in SUBJECTS["vocab_parallel"].axes}, **values}  # axes added later
     assert "chunk" not in case_id("vocab_parallel", values)
     for path in CASE_FILE.parent.glob("*.toml"):
         if path != CASE_FILE:

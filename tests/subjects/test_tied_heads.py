@@ -79,6 +79,8 @@ def test_embed_spec_is_listed_before_the_head_and_padding_reaches_the_model(name
 
 def test_new_axes_leave_other_subjects_ids_alone():
     for case in load([p for p in sorted(CASES.glob("*.toml")) if p != TIED_FILE]):
+        if case.subject == "embed_spec_untied":  # an untied embedding with its own spec: these axes are its own
+            continue
         assert "padding" not in case.values and "embed_spec" not in case.values
         assert "espec_" not in case.id and "pad" not in case.id.split("-")[-1]
     assert ModelSpec(35, 32).padding_idx is None
