@@ -15,16 +15,15 @@ import torch
 from torch import nn
 
 from references.data import make_batch
+from references.seeding import seeded
 from references.sgd import SGD
 from references.trajectory import TrainingSpec, Trajectory
 
 
 def build_embedding(vocab: int, hidden: int, padding_idx: int | None, seed: int, dtype: torch.dtype) -> nn.Embedding:
     """Initial table depends only on its arguments: drawn in fp32, then cast."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    table = nn.Embedding(vocab, hidden, padding_idx=padding_idx)
-    torch.random.set_rng_state(gen_state)
+    with seeded(seed):
+        table = nn.Embedding(vocab, hidden, padding_idx=padding_idx)
     return table.to(dtype)
 
 

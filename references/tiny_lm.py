@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from references.loss import causal_lm_loss
+from references.seeding import seeded
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,8 @@ class TinyCausalLM(nn.Module):
 
 def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
     """Initial weights depend only on (spec, seed): drawn in fp32, then cast, on every process alike."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    model = TinyCausalLM(spec)
-    torch.random.set_rng_state(gen_state)
+    with seeded(seed):
+        model = TinyCausalLM(spec)
     return model.to(dtype)
 
 

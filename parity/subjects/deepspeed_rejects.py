@@ -20,6 +20,7 @@ from torch import nn
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, install_tp_groups, reset_deepspeed_state,
                                               setup_deepspeed)
+from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, build_model
 from references.trajectory import TrainingSpec
 
@@ -85,12 +86,8 @@ class IgnoringSetterLossLM(ReadOnlyLossLM):
 
 
 def _seeded(factory):
-    state = torch.random.get_rng_state()
-    torch.manual_seed(SEED)
-    try:
+    with seeded(SEED):
         return factory()
-    finally:
-        torch.random.set_rng_state(state)
 
 
 def _embedding_option(**options):

@@ -46,6 +46,7 @@ from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.data import count_items
 from references.loss import causal_lm_loss
+from references.seeding import seeded
 from references.sgd import SGD
 from references.trajectory import Trajectory
 
@@ -66,10 +67,8 @@ def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
                          num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
                          tie_word_embeddings=values.get("tied", False), initializer_range=INIT_STD,
                          attn_implementation="eager")
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    torch.random.set_rng_state(gen_state)
+    with seeded(seed):
+        model = LlamaForCausalLM(config)
     return model.to(dtype)
 
 
