@@ -73,10 +73,26 @@ def _versions(*names) -> str:
     return ", ".join(found)
 
 
+def _gpus(count: int):
+    # One rank per GPU over NCCL. Ranks sharing one GPU run over gloo, and ProcessGroupGloo's all-gather
+    # into a tensor crashes the process on CUDA tensors (SIGSEGV in gloo::allgather, pytorch/pytorch#152645;
+    # seen on the H200 with torch 2.11), so a CUDA case whose plan all-gathers needs a GPU per rank.
+    def probe() -> str | None:
+        import torch
+
+        found = torch.cuda.device_count()
+        if found >= count:
+            return None
+        return (f"gpus{count}: one GPU per rank ({count}) for NCCL; {found} visible, and ranks sharing a GPU over "
+                f"gloo crash in its CUDA all-gather (pytorch/pytorch#152645)")
+    return probe
+
+
 PROBES = {
     "cuda": _cuda,
     "cpu_fp16": _cpu_fp16,
     "triton_interpreter": _triton_interpreter,
+    **{f"gpus{n}": _gpus(n) for n in (2, 3, 4, 8)},
 }
 
 

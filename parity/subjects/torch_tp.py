@@ -102,6 +102,15 @@ class TorchTPHead(Subject):
     def plan(self, values) -> dict:
         raise NotImplementedError
 
+    # The plan redistributes Shard -> Replicate with an all-gather somewhere (forward or backward).
+    all_gathers = True
+
+    def requires(self, values):
+        found = super().requires(values)
+        if values.get("device") == "cuda" and self.all_gathers:
+            found.append(f"gpus{self.world_size(values)}")
+        return found
+
     def tie(self, model) -> None:
         """parallelize_module wraps each module's DTensor in a Parameter of its own: re-share it."""
 
@@ -213,6 +222,8 @@ class TorchVocabParallelHead(TorchTPHead):
     description = ("ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) + F.cross_entropy under "
                    "loss_parallel() (torch's vocab-parallel CE, logits upcast to fp32 as torchtitan does).")
 
+    all_gathers = False  # loss_parallel keeps the logits sharded: all-reduces only
+
     def plan(self, values):
         from torch.distributed.tensor import Shard
 
@@ -270,6 +281,11 @@ class TorchVocabParallelEmbedding(TorchTPHead):
                    "sharded along vocab, masked lookup + all-reduce. Untied: plain head; tied: ColwiseParallel "
                    "head sharing the embedding's Parameter.")
     axes = {**TORCH_AXES, "tied": None}
+
+    def requires(self, values):
+        # Untied, the lookup's Partial -> Replicate is an all-reduce; tied, the head all-gathers its logits.
+        found = super().requires(values)
+        return found if values.get("tied") else [r for r in found if not r.startswith("gpus")]
 
     def plan(self, values):
         from torch.distributed.tensor import Replicate
