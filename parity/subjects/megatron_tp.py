@@ -18,7 +18,8 @@ into the shards, so initial weights compare bitwise.
 
 The vocab-parallel loss is applied as Megatron's pretrain_gpt ``loss_func`` does: the CE gives
 per-token losses (it has no ignore_index), multiplied by ``loss_mask = labels != ignore_index``;
-sum -> their sum, mean -> sum / loss_mask.sum() (per micro-batch), num_items -> sum / the step's token
+sum -> their sum, mean -> sum / max(loss_mask.sum(), 1) (per micro-batch, as the schedule's forward_step
+divides without calculate_per_token_loss), num_items -> sum / the step's token
 count (``calculate_per_token_loss``), none -> the masked per-token losses. The CE receives
 ``logits.float()`` as GPTModel passes them; the logits recorded are the tensor the user holds after
 the loss call (ci/repro/megatron_ce_overwrites_fp32_logits.py: in fp32 Megatron overwrites them).
@@ -130,7 +131,9 @@ class MegatronHead(Subject):
             return total
         if spec.reduction == "num_items":
             return total / max(int(num_items), 1)
-        return total / mask.sum()
+        # The schedule's forward_step (pipeline_parallel/schedules.py) divides by torch.clamp(num_tokens, min=1):
+        # an all-masked micro-batch gives 0, not 0/0.
+        return total / mask.sum().clamp(min=1)
 
     def forward(self, model, batch, num_items):
         if not self.vocab_parallel_loss:
