@@ -495,9 +495,10 @@ def _reference_no_causal_shift():
     import references.tiny_lm as tiny_lm
     from references import loss as ref_loss
 
-    def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None):
+    def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None,
+                       label_smoothing=0.0):
         # upstream (references/loss.py): logits[..., :-1, :] predict labels[..., 1:]
-        losses = ref_loss.token_losses(logits, labels, ignore_index)
+        losses = ref_loss.token_losses(logits, labels, ignore_index, label_smoothing)
         if reduction == "none":
             return losses[..., 1:]  # keep the [B, T-1] shape, so only the values can give it away
         total = losses.sum()
