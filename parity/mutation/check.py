@@ -218,6 +218,12 @@ def main(argv=None) -> int:
     return run(parser.parse_args(argv))
 
 
+# Exit statuses: 1 a mutant survived (or an equivalent one was killed); 2 bad input, as every parity
+# command; 3 the unmutated baseline is not green, so nothing was judged: a CI job must tell "the suite
+# missed a bug" from "the suite or the machine is broken", which one shared status could not.
+BASELINE_RED = 3
+
+
 def add_arguments(parser) -> None:
     """Shared by ci/mutation_check.py and `parity mutants`."""
     parser.add_argument("--fast", action="store_true", help="3 mutants x 2 cases (CI)")
@@ -283,7 +289,7 @@ def _check(args, plan, families, cases, clean, start) -> int:
             print(f"  {r['case']}: {r['verdict']}: {r['first_failure']}", file=sys.stderr)
         report["baseline_green"] = False
         _write(args.json, report)
-        return 2
+        return BASELINE_RED
     report["baseline_green"] = True
 
     rows = []
