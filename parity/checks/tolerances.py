@@ -75,3 +75,51 @@ NEAR_FAILING_RATIO = 0.5
 # its bound. Absolute, not a factor: ratios are already normalised by the bound, and a factor
 # would flag 1e-4 -> 1e-3 (irrelevant) as loudly as 0.3 -> 0.9 (nearly failing).
 RATIO_CHANGE = 0.1
+
+
+# -- Stage-local bounds (the scale cases, parity/scale/) ----------------------------------------
+# At production shapes there is no whole float64 trajectory; each stage is re-evaluated in float64
+# on the subject's own inputs to that stage (references/stage_oracles.py), so the bound is the
+# rounding error that stage's own arithmetic may make, elementwise, from standard error analysis
+# (Higham, Accuracy and Stability of Numerical Algorithms, ch. 3), not a multiple of a measured error:
+#
+# - a dot product of length n accumulated in precision u_acc: |err| <= gamma(n, u_acc) * sum|a_k b_k|,
+#   gamma(n, u) = n u / (1 - n u); then one rounding to the output type: + u_out |result|.
+#   cuBLAS accumulates bf16 and fp32 GEMMs in fp32 (u_acc = 2^-24; bf16 x bf16 products are exact
+#   in fp32), but with torch's default allow_bf16_reduced_precision_reduction it may round split-K
+#   partial sums to bf16 before adding them: one more bf16 rounding of partials, whose magnitudes
+#   are bounded by the same sum|a_k b_k| (SPLIT_K_ROUNDINGS units of u_out on it).
+# - a softmax/CE row computed in fp32 (both DeepSpeed backends upcast; Liger's kernel works in fp32):
+#   exp(z - m) has relative error <= |z - m| u + u (the subtraction, the exp), the sum over V terms
+#   gamma(V, u), the log and the final subtraction one unit each on their results. So per token
+#   |loss err| <= (CE_UNITS u + gamma(V, u)) (|m| + |lse| + |z_t| + |loss|), and each probability
+#   p_ij has relative error <= (CE_UNITS u + gamma(V, u)) (1 + |z_ij| + |m| + |lse|).
+#   A mean over N tokens adds gamma(N, u) of sum|loss_i| / N.
+# - an SGD step w - lr g in the parameter's dtype: torch's (foreach) add computes in fp32 and rounds
+#   once to the weight type: u_out |w'| + u32 lr |g| (two units allowed for the product's rounding).
+SPLIT_K_ROUNDINGS = 2.0
+CE_UNITS = 6.0  # subtract, exp, divide, log, add, subtract: one rounding each
+
+
+def gamma(n: int, u: float) -> float:
+    if n * u >= 1:
+        raise ValueError(f"gamma({n}, {u:g}): n u >= 1, no bound exists at this length")
+    return n * u / (1 - n * u)
+
+
+def matmul_error_coeff(n: int, out_dtype: str) -> tuple[float, float]:
+    """(coefficient of sum|a_k b_k|, coefficient of |result|) for a length-n product rounded to out_dtype."""
+    u32, u_out = unit_roundoff("fp32"), unit_roundoff(out_dtype)
+    split_k = SPLIT_K_ROUNDINGS * u_out if out_dtype != "fp32" else 0.0
+    return gamma(n, u32) + split_k, u_out
+
+
+def ce_rel_coeff(vocab: int) -> float:
+    """Relative-error coefficient of an fp32 softmax/CE row over `vocab` columns (times the magnitudes above)."""
+    u32 = unit_roundoff("fp32")
+    return CE_UNITS * u32 + gamma(vocab, u32)
+
+
+def sgd_error_coeff(weight_dtype: str) -> tuple[float, float]:
+    """(coefficient of |w'|, coefficient of lr |g|) for one SGD step in the weight's dtype."""
+    return unit_roundoff(weight_dtype), 2 * unit_roundoff("fp32")
