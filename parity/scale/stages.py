@@ -105,8 +105,8 @@ def mean_loss_stage(loss, stats, vocab: int) -> dict:
     """logits + targets -> mean loss (the subject's scalar), bound from the fp32 CE's arithmetic."""
     u32 = tol.unit_roundoff("fp32")
     n = max(stats["count"], 1)
-    per_token = tol.ce_rel_coeff(vocab) * (stats["m"].abs() + stats["lse"].abs() + stats["zt"].abs()
-                                           + stats["loss"].abs())
+    per_token = tol.ce_sum_coeff(vocab) + tol.ce_unit_coeff() * (
+        stats["m"].abs() + stats["lse"].abs() + stats["zt"].abs() + stats["loss"].abs())
     per_token = torch.where(stats["valid"], per_token, torch.zeros_like(per_token))
     want = stats["loss"].sum() / n
     bound = per_token.sum() / n + tol.gamma(n, u32) * stats["loss"].abs().sum() / n + u32 * want.abs()
@@ -119,7 +119,7 @@ def dlogits_stage(z_local, grad_local, targets, start: int, ignore_index: int, s
                   grad_dtype: str) -> dict:
     """logits + targets -> d(mean loss)/d(logits), every element."""
     n = max(stats["count"], 1)
-    rel = tol.ce_rel_coeff(vocab)
+    rel_sum, rel_unit = tol.ce_sum_coeff(vocab), tol.ce_unit_coeff()
     u_g, u32 = tol.unit_roundoff(grad_dtype), tol.unit_roundoff("fp32")
     scale = stats["valid"].to(torch.float64) / n
     t = Tally("dlogits (every element)")
@@ -127,7 +127,7 @@ def dlogits_stage(z_local, grad_local, targets, start: int, ignore_index: int, s
         g64, p = oracle.softmax_grad64(z_local[part], targets[part], start, stats["lse"][part], scale[part],
                                        ignore_index)
         mag = 1 + z_local[part].to(torch.float64).abs() + (stats["m"][part].abs() + stats["lse"][part].abs()).unsqueeze(-1)
-        bound = scale[part].unsqueeze(-1) * p * rel * mag + (u_g + u32) * g64.abs()
+        bound = scale[part].unsqueeze(-1) * p * (rel_sum + rel_unit * mag) + (u_g + u32) * g64.abs()
         t.add(grad_local[part], g64, bound, part.start)
     return t.row()
 
