@@ -120,14 +120,14 @@ def dlogits_stage(z_local, grad_local, targets, start: int, ignore_index: int, s
     """logits + targets -> d(mean loss)/d(logits), every element."""
     n = max(stats["count"], 1)
     rel_sum, rel_unit = tol.ce_sum_coeff(vocab), tol.ce_unit_coeff()
-    u_g, u32 = tol.unit_roundoff(grad_dtype), tol.unit_roundoff("fp32")
+    out = tol.ce_grad_out_coeff(grad_dtype)
     scale = stats["valid"].to(torch.float64) / n
     t = Tally("dlogits (every element)")
     for part in _chunks(z_local.shape[0], z_local.shape[-1]):
         g64, p = oracle.softmax_grad64(z_local[part], targets[part], start, stats["lse"][part], scale[part],
                                        ignore_index)
         mag = 1 + z_local[part].to(torch.float64).abs() + (stats["m"][part].abs() + stats["lse"][part].abs()).unsqueeze(-1)
-        bound = scale[part].unsqueeze(-1) * p * (rel_sum + rel_unit * mag) + (u_g + u32) * g64.abs()
+        bound = scale[part].unsqueeze(-1) * p * (rel_sum + rel_unit * mag) + out * g64.abs()
         t.add(grad_local[part], g64, bound, part.start)
     return t.row()
 
