@@ -159,7 +159,7 @@ def run_case(case: dict, device, group, tp_rank: int, tp: int, deps) -> dict:
     subject_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     facts["loss_backend"] = backend_log
     facts["loss"] = float(loss.detach().float().sum() / max(int((targets != IGNORE_INDEX).sum()), 1)) \
-        if subject == "fused_linear_ce" else float(loss)
+        if subject == "fused_linear_ce" else float(loss.detach())
 
     # ---- stage checks, on this rank's device --------------------------------------------------
     t1 = time.perf_counter()
