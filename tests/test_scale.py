@@ -82,3 +82,32 @@ def test_bad_case_file_values_are_one_line_errors(group, message):
     with pytest.raises(scale_cases.ScaleCaseError, match=message.replace("(", r"\(").replace("[", r"\[")) as err:
         scale_cases.expand({"defaults": SMALL, "group": [group]}, "x.toml")
     assert "\n" not in str(err.value) and str(err.value).startswith("x.toml: [[group]] #1")
+
+
+def test_a_nan_is_over_any_bound():
+    import torch
+
+    from parity.scale.stages import Tally
+
+    t = Tally("x")
+    t.add(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 1.0], dtype=torch.float64),
+          torch.tensor([1.0, 1e9], dtype=torch.float64))
+    assert t.row()["over_bound"] == 1 and not t.row()["passed"]
+
+
+def test_an_empty_stage_does_not_pass():
+    import torch
+
+    from parity.scale.stages import Tally
+
+    t = Tally("x")
+    t.add(torch.zeros(0), torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))
+    assert not t.row()["passed"]
+
+
+def test_sum_bound_is_the_smaller_of_worst_case_and_probabilistic():
+    from parity.checks import tolerances as tol
+
+    u = tol.unit_roundoff("fp32")
+    assert tol.gamma(2, u) == pytest.approx(2 * u, rel=1e-6)  # a TP=2 sum: the worst case is smaller
+    assert tol.gamma(256000, u) < 256000 * u / 30  # a vocabulary sum: the probabilistic one, 30x+ tighter
