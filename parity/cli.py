@@ -1,4 +1,4 @@
-"""parity list | run | diff | mutants | bench: the command-line face of the suite.
+"""parity list | run | diff | mutants | bench | scale: the command-line face of the suite.
 
 Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
 (or a diff got worse, a mutant survived); 2 bad input, named in one line on stderr; 130 interrupted.
@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     mutation_check.add_arguments(mutants)
     add_bench_arguments(sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test",
                                        description="print CE backend figures (time, peak memory); not a test"))
+    from parity.scale.run import add_arguments as add_scale_arguments
+
+    scale_help = "run the production-shape cases (cases/scale/) with stage-local float64 checks on the ranks"
+    add_scale_arguments(sub.add_parser("scale", help=scale_help, description=scale_help))
     return parser
 
 
@@ -222,6 +226,10 @@ def dispatch(args) -> int:
         from parity.bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "scale":
+        from parity.scale.run import cmd_scale
+
+        return cmd_scale(args)
     if args.command == "mutants":
         from parity.mutation.check import run
 

@@ -75,3 +75,80 @@ NEAR_FAILING_RATIO = 0.5
 # its bound. Absolute, not a factor: ratios are already normalised by the bound, and a factor
 # would flag 1e-4 -> 1e-3 (irrelevant) as loudly as 0.3 -> 0.9 (nearly failing).
 RATIO_CHANGE = 0.1
+
+
+# -- Stage-local bounds (the scale cases, parity/scale/) ----------------------------------------
+# At production shapes there is no whole float64 trajectory; each stage is re-evaluated in float64
+# on the subject's own inputs to that stage (references/stage_oracles.py), so the bound is the
+# rounding error that stage's own arithmetic may make, elementwise, from rounding-error analysis,
+# not a multiple of a measured error:
+#
+# - a sum of n terms accumulated in precision u: |err| <= g(n, u) * sum|terms|. The worst-case
+#   g = gamma(n, u) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3) is 1.5% at n = 256000
+#   in fp32: a bound that loose would pass a 1% wrong loss, so the bound is the probabilistic one of
+#   Higham & Mary (SIAM J. Sci. Comput. 41(5), 2019, Thm 2.4): rounding errors independent and of
+#   mean zero, |err| <= (exp(lam sqrt(n) u + n u^2 / (1 - u)) - 1) sum|terms| with probability at
+#   least 1 - 2 n exp(-lam^2 (1 - u)^2 / 2). LAMBDA = 10: about 1e-16 per sum at n = 256000, so
+#   under 1e-5 for all the 1e10 elements of a run together.
+# - a GEMM: cuBLAS accumulates bf16 and fp32 GEMMs in fp32 (bf16 x bf16 products are exact in fp32),
+#   then one rounding to the output type (+ u_out |result|). With torch's default
+#   allow_bf16_reduced_precision_reduction (True) a bf16 GEMM may round split-K partial sums to
+#   bf16 before adding them; their magnitudes are bounded only by sum|a_k b_k|, so bf16 GEMMs get
+#   SPLIT_K_ROUNDINGS units of u_bf16 on sum|a_k b_k| (worst case: no probabilistic cancellation
+#   can be assumed for an unknown split). This dominates the bf16 logits/gradient bounds.
+# - a softmax/CE row in fp32 (both DeepSpeed backends upcast; Liger's kernel works in fp32; the
+#   suite's CE upcasts as HF's does): exp(z - m) has relative error <= (|z - m| + 1) u, the sum of
+#   V positive terms g(V, u) relative, the log, the divide and the final subtraction one unit each
+#   on their operands: per token |loss err| <= g(V, u) + CE_UNITS u (|m| + |lse| + |z_t| + |loss|),
+#   and p_ij has relative error <= g(V, u) + CE_UNITS u (1 + |z_ij| + |m| + |lse|). A mean over N
+#   tokens adds g(N, u) sum|loss_i| / N. The gradient (p - onehot) * (1/N) adds, on |g|, GRAD_OUT_UNITS
+#   fp32 units (the onehot subtraction, the upstream 1/N's own rounding, the multiply by it) and one
+#   unit of the gradient's dtype for the cast back where that is not fp32 (a first CPU rehearsal
+#   with two units instead of three measured 1.04 in fp32).
+# - an SGD step w - lr g in the parameter's dtype: one rounding of the result, u_w |w'|, and one of
+#   the product lr g, which torch's CUDA kernels keep in fp32 but its CPU bf16 kernel rounds to bf16
+#   (measured 1.23 of a bound that assumed fp32 there): 2 u_w lr |g|.
+#   Round-to-nearest reaches u |w'| where w' sits just above a power of two: ratios near 1 here are
+#   the bound being attained, not approached.
+SPLIT_K_ROUNDINGS = 2.0
+CE_UNITS = 6.0  # subtract, exp, divide, log, add, subtract: one rounding each
+GRAD_OUT_UNITS = 3.0
+LAMBDA = 10.0
+
+
+def gamma(n: int, u: float) -> float:
+    """Sum bound g(n, u): the smaller of the worst case n u / (1 - n u), which always holds (and is
+    the smaller for a handful of terms, as in a TP=2 sum), and the probabilistic one (LAMBDA above)."""
+    import math
+
+    worst = n * u / (1 - n * u) if n * u < 1 else math.inf
+    return min(worst, math.expm1(LAMBDA * math.sqrt(n) * u + n * u * u / (1 - u)))
+
+
+def matmul_error_coeff(n: int, out_dtype: str) -> tuple[float, float]:
+    """(coefficient of sum|a_k b_k|, coefficient of |result|) for a length-n product rounded to out_dtype."""
+    u32, u_out = unit_roundoff("fp32"), unit_roundoff(out_dtype)
+    split_k = SPLIT_K_ROUNDINGS * u_out if out_dtype != "fp32" else 0.0
+    return gamma(n, u32) + split_k, u_out
+
+
+def ce_sum_coeff(vocab: int) -> float:
+    """Relative error of the fp32 sum of exponentials over `vocab` columns (an absolute error of its log)."""
+    return gamma(vocab, unit_roundoff("fp32"))
+
+
+def ce_unit_coeff() -> float:
+    """Coefficient of the operand magnitudes for the fp32 CE's elementwise roundings."""
+    return CE_UNITS * unit_roundoff("fp32")
+
+
+def ce_grad_out_coeff(grad_dtype: str) -> float:
+    """Coefficient of |dlogits| for the roundings after the softmax (see above)."""
+    cast = unit_roundoff(grad_dtype) if grad_dtype != "fp32" else 0.0
+    return GRAD_OUT_UNITS * unit_roundoff("fp32") + cast
+
+
+def sgd_error_coeff(weight_dtype: str) -> tuple[float, float]:
+    """(coefficient of |w'|, coefficient of lr |g|) for one SGD step in the weight's dtype."""
+    u_w = unit_roundoff(weight_dtype)
+    return u_w, 2 * u_w

@@ -229,6 +229,12 @@ def main(argv=None) -> int:
     return run(parser.parse_args(argv))
 
 
+# Exit statuses: 1 a mutant survived (or an equivalent one was killed); 2 bad input, as every parity
+# command; 3 the unmutated baseline is not green, so nothing was judged: a CI job must tell "the suite
+# missed a bug" from "the suite or the machine is broken", which one shared status could not.
+BASELINE_RED = 3
+
+
 def add_arguments(parser) -> None:
     """Shared by ci/mutation_check.py and `parity mutants`."""
     parser.add_argument("--fast", action="store_true", help="3 mutants x 2 cases (CI)")
@@ -268,8 +274,9 @@ def run(args) -> int:
     not_here = [f for f in families if f not in cases]
     families = [f for f in families if f in cases]
     if not families:
+        # Nothing can be judged here: like a red baseline, the machine (not the input) is the problem.
         print("mutation check: no selected family can run on this machine", file=sys.stderr)
-        return 2
+        return BASELINE_RED
 
     print(f"baseline: {sum(len(c) for c in cases.values())} cases over {', '.join(families)}", flush=True)
     from parity.harness.runner import Runner
@@ -299,7 +306,7 @@ def _check(args, plan, families, cases, clean, start, not_here=()) -> int:
             print(f"  {r['case']}: {r['verdict']}: {r['first_failure']}", file=sys.stderr)
         report["baseline_green"] = False
         _write(args.json, report)
-        return 2
+        return BASELINE_RED
     report["baseline_green"] = True
 
     rows = []

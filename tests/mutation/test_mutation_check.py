@@ -62,3 +62,24 @@ def test_a_family_that_cannot_run_here_is_left_out_and_named(monkeypatch, capsys
     cases = select_cases([mutants.M_COLUMN, mutants.M_VOCAB], None)
     assert list(cases) == [mutants.M_VOCAB]
     assert f"family {mutants.M_COLUMN!r} is not judged here" in capsys.readouterr().out
+def test_red_baseline_has_its_own_exit_status(monkeypatch, tmp_path, capsys):
+    # A broken suite or machine must not read as "a mutant survived" (1) or "bad input" (2).
+    from parity.mutation import check
+
+    red = [{"verdict": FAILED, "case": "column_gathered-x", "seconds": 0.1, "first_failure": "loss: 1 > 0.1"}]
+    monkeypatch.setattr(check, "run_cases", lambda *a, **k: red)
+    monkeypatch.setattr(check, "select_cases", lambda families, per: {f: [] for f in families})
+
+    class NoRunner:
+        def __init__(self, **kw):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("parity.harness.runner.Runner", NoRunner)
+    out = tmp_path / "m.json"
+    status = check.main(["--mutant", next(iter(FAST_MUTANTS)), "--json", str(out), "--logs", str(tmp_path)])
+    assert status == check.BASELINE_RED == 3
+    assert json.loads(out.read_text())["baseline_green"] is False
+    assert "baseline is not green" in capsys.readouterr().err
