@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-cpu.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-.venv/bin/python -c "import deepspeed, liger_kernel, torch, transformers; print('installed: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"
+.venv/bin/python -c "import deepspeed, liger_kernel, torch, transformers; from importlib.metadata import version; print('installed: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__, '| megatron-core', version('megatron-core'))"

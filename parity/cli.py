@@ -22,7 +22,7 @@ class UsageError(Exception):
 def cmd_list(args) -> int:
     from parity.matrix.cases import load, select
 
-    cases = select(load(args.matrix), args.k, args.case, args.device)
+    cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
     if args.coverage:
         from parity.matrix.coverage import coverage_table
 
@@ -63,7 +63,7 @@ def resolve_rerun(args, strict: bool) -> bool:
     if not ids:
         return False
     try:
-        select(load(args.matrix), None, ids, args.device)
+        select(load(args.matrix), None, ids, args.device, args.framework)
     except SelectionError as exc:
         raise UsageError(f"--rerun-failed {args.rerun_failed}: {exc}; pass the --matrix that run used") from None
     args.case = ids
@@ -88,7 +88,7 @@ def cmd_run(args) -> int:
         from parity.torchrun_launch import cmd_run_torchrun
 
         return cmd_run_torchrun(args)
-    cases = select(load(args.matrix), args.k, args.case, args.device)
+    cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
     if not cases:
         raise UsageError("no cases selected")
     # A reference mutant lives in this process (the ranks apply rank mutants themselves), so a
@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-k", metavar="EXPR", help="select cases by id, pytest -k syntax")
         p.add_argument("--case", action="append", metavar="ID", help="run exactly this case (repeatable)")
         p.add_argument("--device", choices=("cpu", "cuda"), help="only cases on this device")
+        p.add_argument("--framework", metavar="NAME",
+                       help="only cases of this framework's subjects (deepspeed, liger, torch, megatron)")
     sub.choices["list"].add_argument("--json", action="store_true", help="print each case's definition as JSON")
     sub.choices["list"].add_argument("--coverage", action="store_true",
                                      help="print the subject x axis coverage table (markdown, as in the README)")

@@ -224,7 +224,8 @@ class Coordinator:
 
         world_size = self.ctx.world_size
         runnable = []
-        for case in select(load(self.args.matrix), self.args.k, self.args.case, self.args.device):
+        for case in select(load(self.args.matrix), self.args.k, self.args.case, self.args.device,
+                           getattr(self.args, "framework", None)):
             if case.values.get("device", "cpu") != self.device:
                 why = f"needs --device {case.values.get('device', 'cpu')} (this launch runs {self.device} ranks)"
             elif case.world_size != world_size:

@@ -11,8 +11,12 @@ import torch
 REDUCTIONS = ("none", "sum", "mean", "num_items")
 
 
-def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """-log softmax(logits)[target] per token, 0 where the target is ignored (computed, not looked up in torch's CE)."""
+def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                 label_smoothing: float = 0.0) -> torch.Tensor:
+    """-log softmax(logits)[target] per token, 0 where the target is ignored (computed, not looked up in torch's CE).
+
+    label_smoothing = a follows torch's F.cross_entropy: (1 - a) * nll + a * mean over the whole
+    vocabulary of -log p_i (the target spread a/V over every class, the true one included)."""
     compute = logits if logits.dtype == torch.float64 else logits.float()
     valid = targets != ignore_index
     safe = torch.where(valid, targets, torch.zeros_like(targets))
@@ -20,15 +24,19 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int)
     shifted = compute - row_max
     log_norm = shifted.exp().sum(dim=-1).log()
     picked = shifted.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-    return torch.where(valid, log_norm - picked, torch.zeros_like(log_norm))
+    losses = log_norm - picked
+    if label_smoothing:
+        # -log p_i = log_norm - shifted_i, so its mean over the vocabulary is log_norm - mean(shifted).
+        losses = (1 - label_smoothing) * losses + label_smoothing * (log_norm - shifted.mean(dim=-1))
+    return torch.where(valid, losses, torch.zeros_like(log_norm))
 
 
-def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None):
+def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None, label_smoothing=0.0):
     """reduction: none -> per-token losses [B, T-1]; sum; mean over non-ignored tokens;
     num_items -> sum / num_items_in_batch (HF Trainer's token-count normalisation)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    losses = token_losses(logits[..., :-1, :], labels[..., 1:], ignore_index)
+    losses = token_losses(logits[..., :-1, :], labels[..., 1:], ignore_index, label_smoothing)
     if reduction == "none":
         return losses
     total = losses.sum()

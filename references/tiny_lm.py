@@ -29,6 +29,7 @@ class ModelSpec:
     # nn.Embedding(padding_idx=...): that row starts at zero and its lookups pass no gradient back
     # (a tied head's projection still does). None: no padding row.
     padding_idx: int | None = None
+    label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
 
 
 class TinyCausalLM(nn.Module):
@@ -82,7 +83,8 @@ class TinyCausalLM(nn.Module):
                                       num_items_in_batch=num_items_in_batch, **extra)
         else:
             loss = causal_lm_loss(logits, labels, reduction=self.spec.reduction,
-                                  ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch)
+                                  ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch,
+                                  label_smoothing=self.spec.label_smoothing)
         return loss, logits
 
 

@@ -96,6 +96,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
          help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
               "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
+    Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
+         help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
+              "(megatron vocab-parallel subjects only)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

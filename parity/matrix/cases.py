@@ -321,11 +321,18 @@ def load(paths=None) -> list[Case]:
     return _unique([c for f in files for c in load_file(f)])
 
 
-def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None):
-    """The cases a command line picks: by device, then exact ids (in the order given) or a -k expression.
-    Shared by `parity list/run`, the torchrun launcher and pytest-free tools, so they all agree."""
+def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None,
+           framework: str | None = None):
+    """The cases a command line picks: by device and framework, then exact ids (in the order given) or a -k
+    expression. Shared by `parity list/run`, the torchrun launcher and pytest-free tools, so they all agree."""
     if device:
         cases = [c for c in cases if c.values.get("device", "cpu") == device]
+    if framework:
+        from parity.subjects import FRAMEWORKS, SUBJECTS
+
+        if framework not in FRAMEWORKS:
+            raise SelectionError(f"--framework {framework!r}: unknown framework (valid: {', '.join(FRAMEWORKS)})")
+        cases = [c for c in cases if SUBJECTS[c.subject].framework == framework]
     if case_ids:
         by_id = {c.id: c for c in cases}
         unknown = [i for i in case_ids if i not in by_id]

@@ -40,10 +40,11 @@ HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
 T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel"
 T_EMBED = "torch_vocab_embedding"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
+M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC)
+            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED)
 
 
 @dataclass(frozen=True)
@@ -494,9 +495,10 @@ def _reference_no_causal_shift():
     import references.tiny_lm as tiny_lm
     from references import loss as ref_loss
 
-    def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None):
+    def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None,
+                       label_smoothing=0.0):
         # upstream (references/loss.py): logits[..., :-1, :] predict labels[..., 1:]
-        losses = ref_loss.token_losses(logits, labels, ignore_index)
+        losses = ref_loss.token_losses(logits, labels, ignore_index, label_smoothing)
         if reduction == "none":
             return losses[..., 1:]  # keep the [B, T-1] shape, so only the values can give it away
         total = losses.sum()
@@ -618,6 +620,93 @@ def _mask_partial_unmasked():
         return funcol.all_reduce(tensor, reduceOp=self.reduce_op, group=(mesh, mesh_dim))
 
     return _swap(_MaskPartial, "_reduce_value", _reduce_value)
+
+
+# -- Megatron-core 0.16.1 (megatron.core.tensor_parallel) -------------------------------------------
+
+def _megatron_split_rank0_slice():
+    import importlib
+
+    mappings = importlib.import_module("megatron.core.tensor_parallel.mappings")
+    split_tensor_along_last_dim = mappings.split_tensor_along_last_dim
+
+    def _split_along_last_dim(input_, group):
+        assert group is not None, "group should not be None"
+        world_size = group.size()
+        if world_size == 1:
+            return input_
+        input_list = split_tensor_along_last_dim(input_, world_size)
+        rank = group.rank()  # noqa: F841 - upstream keeps input_list[rank]
+        output = input_list[0].contiguous()  # planted: every rank keeps rank 0's slice
+        return output
+
+    return _swap(mappings, "_split_along_last_dim", _split_along_last_dim)
+
+
+def _megatron_ce_local_sumexp():
+    import torch
+    from megatron.core.parallel_state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
+                                              get_tensor_model_parallel_world_size)
+    from megatron.core.tensor_parallel import cross_entropy
+    from megatron.core.tensor_parallel.utils import VocabUtility
+
+    VocabParallelCrossEntropy = cross_entropy.VocabParallelCrossEntropy
+
+    def forward(ctx, vocab_parallel_logits, target, label_smoothing=0.0):
+        vocab_parallel_logits, logits_max = VocabParallelCrossEntropy.calculate_logits_max(vocab_parallel_logits)
+        torch.distributed.all_reduce(logits_max, op=torch.distributed.ReduceOp.MAX,
+                                     group=get_tensor_model_parallel_group())
+        get_vocab_range = VocabUtility.vocab_range_from_per_partition_vocab_size
+        partition_vocab_size = vocab_parallel_logits.size()[-1]
+        rank = get_tensor_model_parallel_rank()
+        world_size = get_tensor_model_parallel_world_size()
+        vocab_start_index, vocab_end_index = get_vocab_range(partition_vocab_size, rank, world_size)
+        (target_mask, masked_target_1d, predicted_logits, sum_exp_logits, exp_logits) = (
+            VocabParallelCrossEntropy.calculate_predicted_logits(
+                vocab_parallel_logits, target, logits_max, vocab_start_index, vocab_end_index))
+        torch.distributed.all_reduce(predicted_logits, op=torch.distributed.ReduceOp.SUM,
+                                     group=get_tensor_model_parallel_group())
+        # planted: upstream all-reduces (SUM) sum_exp_logits here; the denominator stays local
+        exp_logits, loss = VocabParallelCrossEntropy.calculate_cross_entropy_loss(
+            exp_logits, predicted_logits, sum_exp_logits)
+        vocab_size = exp_logits.size(-1)
+        if label_smoothing > 0:
+            assert 1.0 > label_smoothing > 0.0
+            smoothing = label_smoothing * vocab_size / (vocab_size - 1)
+            log_probs = torch.log(exp_logits)
+            mean_log_probs = log_probs.mean(dim=-1)
+            loss = (1.0 - smoothing) * loss - smoothing * mean_log_probs
+        ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    return _swap(cross_entropy._VocabParallelCrossEntropy, "forward", staticmethod(forward))
+
+
+def _megatron_embedding_unmasked():
+    import torch.nn.functional as F
+    from megatron.core.tensor_parallel import layers
+
+    def forward(self, input_):
+        if self.tp_group.size() > 1:
+            input_mask = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
+            masked_input = input_.clone() - self.vocab_start_index
+            masked_input[input_mask] = 0
+        else:
+            masked_input = input_
+        if self.deterministic_mode:
+            output_parallel = self.weight[masked_input]
+        else:
+            output_parallel = F.embedding(masked_input, self.weight)
+        # planted: upstream zeroes output_parallel[input_mask, :] here (other shards' tokens read local row 0)
+        if self.reduce_scatter_embeddings:
+            output_parallel = output_parallel.transpose(0, 1).contiguous()
+            output = layers.reduce_scatter_to_sequence_parallel_region(output_parallel, group=self.tp_group)
+        else:
+            output = layers.reduce_from_tensor_model_parallel_region(output_parallel, group=self.tp_group)
+        return output
+
+    return _swap(layers.VocabParallelEmbedding, "forward", forward)
 
 
 MUTANTS = [
@@ -772,6 +861,19 @@ MUTANTS = [
            "for tokens outside its shard",
            "torch.distributed.tensor.placement_types._MaskPartial._reduce_value", "logits / head_input_grad",
            (T_EMBED,), _mask_partial_unmasked),
+    Mutant("megatron_gather_backward_rank0_slice",
+           "Megatron's _split_along_last_dim (the backward of gather_from_tensor_model_parallel_region) keeps rank "
+           "0's slice on every rank: rank r > 0 trains its vocabulary rows with rank 0's logit gradient",
+           "megatron.core.tensor_parallel.mappings._split_along_last_dim", "head_input_grad / grad[lm_head.weight]",
+           (M_COLUMN,), _megatron_split_rank0_slice),
+    Mutant("megatron_ce_local_sumexp",
+           "Megatron's _VocabParallelCrossEntropy.forward drops the SUM all-reduce of sum_exp_logits: a local "
+           "softmax denominator", "megatron.core.tensor_parallel.cross_entropy._VocabParallelCrossEntropy.forward",
+           "loss", (M_VOCAB,), _megatron_ce_local_sumexp),
+    Mutant("megatron_embedding_unmasked",
+           "Megatron's VocabParallelEmbedding.forward skips zeroing the lookups of tokens outside the rank's "
+           "shard: every rank adds its local row 0 for them", "megatron.core.tensor_parallel.layers."
+           "VocabParallelEmbedding.forward", "logits / head_input_grad", (M_EMBED,), _megatron_embedding_unmasked),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

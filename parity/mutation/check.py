@@ -95,6 +95,12 @@ SELECTION = {
 # TP=2 x DP=2 (world 4): the one case where the world group is not the TP group. Last in its
 # family, so only mutants that survive the TP-only cases (column_backward_world_group) pay for a
 # world-4 rank group; --fast leaves it out.
+SELECTION.update({
+    # CUDA only (Megatron's all-gather allocates on torch.cuda.current_device()): judged on a GPU machine.
+    catalog.M_COLUMN: ["megatron_column_gathered-fp32-mean-v36-h32-bias-ign_scattered-gas2-tp2-cuda"],
+    catalog.M_VOCAB: ["megatron_vocab_parallel-bf16-mean-v36-h32-bias-ign_scattered-gas2-tp2-cpu"],
+    catalog.M_EMBED: ["megatron_vocab_embedding-fp32-mean-v36-h32-bias-ign_scattered-gas2-tp2-cpu-untied"],
+})
 SELECTION[catalog.COLUMN].append(
     "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-dp2-cpu")
 # --fast (CI self-test): three mutants, two cases each; one DeepSpeed layer bug, one CE bug, one
@@ -104,6 +110,7 @@ FAST_MUTANTS = {"column_backward_no_allreduce": catalog.COLUMN, "ce_local_sum_ex
 FAST_CASES = 2
 
 KILLED, SURVIVED, CRASHED = "killed", "survived", "crashed"
+NOT_RUN_HERE = "not run here"  # a family none of whose cases this machine can run (kill matrix cell)
 
 
 def _case_outcome(verdict) -> dict:
@@ -190,7 +197,11 @@ def select_cases(families, per_family: int | None) -> dict:
             else:
                 runnable.append(case)
         if not runnable:
-            raise SystemExit(f"mutation check: no case of family {fam!r} can run on this machine")
+            # A family this machine cannot run at all (megatron_column_gathered: CUDA only) is left out,
+            # said so, and shown as NOT RUN HERE in the kill matrix; it is judged where it runs.
+            print(f"mutation check: family {fam!r} is not judged here: none of its cases can run on this machine",
+                  flush=True)
+            continue
         out[fam] = runnable
     return out
 
@@ -260,6 +271,12 @@ def run(args) -> int:
             [p for p in plan if p[0].name in args.mutant]
     families = sorted({f for _, fams in plan for f in fams}, key=catalog.FAMILIES.index)
     cases = select_cases(families, per_family)
+    not_here = [f for f in families if f not in cases]
+    families = [f for f in families if f in cases]
+    if not families:
+        # Nothing can be judged here: like a red baseline, the machine (not the input) is the problem.
+        print("mutation check: no selected family can run on this machine", file=sys.stderr)
+        return BASELINE_RED
 
     print(f"baseline: {sum(len(c) for c in cases.values())} cases over {', '.join(families)}", flush=True)
     from parity.harness.runner import Runner
@@ -270,12 +287,12 @@ def run(args) -> int:
         args.logs = tempfile.mkdtemp(prefix="parity-mutants-")
     clean = Runner(timeout_s=args.timeout, log_dir=os.path.join(args.logs, "baseline"))  # PARITY_MUTANT is unset while its ranks spawn (run_cases)
     try:
-        return _check(args, plan, families, cases, clean, start)
+        return _check(args, plan, families, cases, clean, start, not_here)
     finally:
         clean.close()
 
 
-def _check(args, plan, families, cases, clean, start) -> int:
+def _check(args, plan, families, cases, clean, start, not_here=()) -> int:
     baseline = run_cases([cases[f] for f in families], args.timeout, stop_at_kill=False, clean_runner=clean)
     not_green = [r for r in baseline if r["verdict"] != PASSED]
     for r in baseline:
@@ -298,6 +315,14 @@ def _check(args, plan, families, cases, clean, start) -> int:
                "observable": mutant.observable, "where": mutant.where, "equivalent": mutant.equivalent,
                "cells": {}}
         t0 = time.monotonic()
+        for f in fams:
+            if f in not_here:
+                row["cells"][f] = {"status": NOT_RUN_HERE, "cases": []}
+        fams = [f for f in fams if f not in not_here]
+        if not fams:
+            rows.append(row)
+            print(f"{mutant.name:<36} {NOT_RUN_HERE}", flush=True)
+            continue
         # One Runner per mutant: both families use world size 2, so they share one fresh rank group.
         results = run_cases([cases[f] for f in fams], args.timeout, stop_at_kill=not args.all_cases,
                             mutant=mutant, clean_runner=clean, log_dir=args.logs)
@@ -313,18 +338,20 @@ def _check(args, plan, families, cases, clean, start) -> int:
         print(f"{mutant.name:<36} {summary} ({row['seconds']}s){why[:160]}", flush=True)
 
     report["mutants"] = rows
-    cells = [(r, f, c) for r in rows for f, c in r["cells"].items()]
+    cells = [(r, f, c) for r in rows for f, c in r["cells"].items() if c["status"] != NOT_RUN_HERE]
     counted = [(r, f, c) for r, f, c in cells if not r["equivalent"]]
     killed = [x for x in counted if x[2]["status"] == KILLED]
     bad = [(r, f, c) for r, f, c in counted if c["status"] != KILLED]
     false_alarms = [(r, f, c) for r, f, c in cells if r["equivalent"] and c["status"] == KILLED]
-    mutants_counted = [r for r in rows if not r["equivalent"]]
-    mutants_killed = [r for r in mutants_counted if all(c["status"] == KILLED for c in r["cells"].values())]
+    mutants_counted = [r for r in rows if not r["equivalent"] and any(c["status"] != NOT_RUN_HERE for c in r["cells"].values())]
+    mutants_killed = [r for r in mutants_counted
+                      if all(c["status"] in (KILLED, NOT_RUN_HERE) for c in r["cells"].values())]
     wall = time.monotonic() - start
     report.update(
         kill_rate={"cells": f"{len(killed)}/{len(counted)}", "mutants": f"{len(mutants_killed)}/{len(mutants_counted)}",
                    "value": len(killed) / len(counted) if counted else None},
         not_killed=[{"mutant": r["mutant"], "family": f, "status": c["status"]} for r, f, c in bad],
+        not_judged_here=not_here,
         false_alarms=[{"mutant": r["mutant"], "family": f} for r, f, _ in false_alarms],
         seconds=round(wall, 1))
     print()
@@ -335,6 +362,10 @@ def _check(args, plan, families, cases, clean, start) -> int:
     for r, f, c in bad:
         print(f"NOT KILLED: {r['mutant']} on {f}: {c['status']}" +
               (" (a crash is not a kill)" if c["status"] == CRASHED else ""))
+    for r in rows:
+        for f, c in r["cells"].items():
+            if c["status"] == NOT_RUN_HERE:
+                print(f"NOT JUDGED HERE: {r['mutant']} on {f}: no case of {f} runs on this machine")
     for r, f, _ in false_alarms:
         print(f"FALSE ALARM: equivalent mutant {r['mutant']} was killed on {f}: the suite rejects a correct variant")
     print(f"rank logs: {args.logs}")

@@ -73,6 +73,27 @@ def _versions(*names) -> str:
     return ", ".join(found)
 
 
+def _megatron_core() -> str | None:
+    # megatron-core is an optional extra (pip install -e .[megatron]); its import pulls optional CUDA
+    # pieces (transformer_engine, apex) only when present. Imported in a child process, as the ranks
+    # import it, so a broken install names itself here instead of crashing a rank or the parent.
+    if find_spec("megatron") is None or find_spec("megatron.core") is None:
+        return "megatron_core: megatron-core is not installed (pip install -e .[megatron])"
+    code = ("import warnings; warnings.simplefilter('ignore'); "
+            "from megatron.core import parallel_state, tensor_parallel; "
+            "tensor_parallel.ColumnParallelLinear, tensor_parallel.VocabParallelEmbedding, "
+            "tensor_parallel.vocab_parallel_cross_entropy")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "megatron_core: importing megatron.core.tensor_parallel did not finish in 300 s"
+    if proc.returncode == 0:
+        return None
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return (f"megatron_core: importing megatron.core.tensor_parallel fails with {_versions('megatron-core', 'torch')}: "
+            f"{lines[-1] if lines else f'exit status {proc.returncode}'}")
+
+
 def _gpus(count: int):
     # One rank per GPU over NCCL. Ranks sharing one GPU run over gloo, and ProcessGroupGloo's all-gather
     # into a tensor crashes the process on CUDA tensors (SIGSEGV in gloo::allgather, pytorch/pytorch#152645;
@@ -92,6 +113,7 @@ PROBES = {
     "cuda": _cuda,
     "cpu_fp16": _cpu_fp16,
     "triton_interpreter": _triton_interpreter,
+    "megatron_core": _megatron_core,
     **{f"gpus{n}": _gpus(n) for n in (2, 3, 4, 8)},
 }
 

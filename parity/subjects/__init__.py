@@ -24,6 +24,8 @@ from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
 from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
+from parity.subjects.megatron_tp import (MegatronColumnGatheredHead, MegatronVocabParallelEmbedding,
+                                         MegatronVocabParallelHead)
 from parity.subjects.torch_tp import (TorchColumnGatheredHead, TorchRowParallelHead, TorchVocabParallelEmbedding,
                                       TorchVocabParallelHead)
 
@@ -35,8 +37,11 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
                                 EmbeddingSpecHead(),
                                 TorchColumnGatheredHead(), TorchVocabParallelHead(), TorchRowParallelHead(),
-                                TorchVocabParallelEmbedding()]}
+                                TorchVocabParallelEmbedding(),
+                                MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
+# The frameworks under test (Subject.framework), as `parity run/list --framework` names them.
+FRAMEWORKS = ("deepspeed", "liger", "torch", "megatron")
 
 
 class SubjectModuleError(ImportError):

@@ -51,6 +51,7 @@ class Subject(ABC):
     axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
     defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
+    framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and the README table
 
     def world_size(self, values: dict) -> int:
         return values.get("tp", 1) * values.get("dp", 1)
@@ -75,7 +76,8 @@ class Subject(ABC):
     def model_spec(self, values: dict) -> ModelSpec:
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
                          head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
-                         reduction=values.get("reduction", "mean"), ignore_index=values.get("ignore_index", -100))
+                         reduction=values.get("reduction", "mean"), ignore_index=values.get("ignore_index", -100),
+                         label_smoothing=values.get("label_smoothing", 0.0))
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""

@@ -213,6 +213,7 @@ def claimed_triton(active: bool):
 
 class EngineHead(Subject):
     """Shared engine loop; subclasses say how the head is selected and what it must become."""
+    framework = "deepspeed"
 
     axes = COMMON_AXES
 

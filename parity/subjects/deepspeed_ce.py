@@ -117,6 +117,7 @@ class DeepSpeedLigerWithoutGroup(LogitsCE):
 
 
 class DeepSpeedFusedLinearCE(Subject):
+    framework = "deepspeed"
     name = "ds_fused_linear_ce"
     description = ("deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy on the head's "
                    "vocabulary rows against an unfused linear + CE")

@@ -40,6 +40,7 @@ DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hid
 
 class DirectHead(Subject):
     """Shared loop: build the layer around a copy of the head, then train with plain SGD."""
+    framework = "deepspeed"
 
     axes = DIRECT_AXES
     clean_state = CLEAN_STATE

@@ -26,6 +26,7 @@ from parity.observe.dtypes import DTYPES
 
 
 class DirectVocabParallelEmbedding(Subject):
+    framework = "deepspeed"
     name = "vocab_parallel_embedding"
     description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
                    "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")

@@ -48,6 +48,7 @@ def inference_group(ctx: RankContext, tp: int):
 
 
 class InferenceHead(Subject):
+    framework = "deepspeed"
     name = "inference_head"
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")

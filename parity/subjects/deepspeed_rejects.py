@@ -208,6 +208,7 @@ class _Config(EngineHead):
 
 
 class DeepSpeedRejection(Subject):
+    framework = "deepspeed"
     name = "ds_reject"
     description = ("DeepSpeed's documented error paths: deepspeed.initialize (or the vocabulary-parallel CE) "
                    "with a model or config it must refuse, on every rank alike.")

@@ -10,6 +10,7 @@ from parity.subjects.loss_only import IGNORE_INDEX, TOKENS, LigerShards, LogitsC
 
 
 class LigerVocabParallelCE(LigerShards, LogitsCE):
+    framework = "liger"
     name = "liger_vocab_ce"
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,

@@ -33,6 +33,7 @@ def tp_group(ctx: RankContext, tp: int):
 
 class LogitsCE(Subject):
     """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``)."""
+    framework = "deepspeed"
 
     def claims(self, values):
         records = {"loss": None, "logits_grad": -1, "logits_after": -1}

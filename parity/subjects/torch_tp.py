@@ -84,6 +84,7 @@ def _attribute(root, path: str):
 
 class TorchTPHead(Subject):
     """Shared loop: parallelize a fresh model with a plan, then train with plain SGD."""
+    framework = "torch"
 
     axes = TORCH_AXES
     clean_state = CLEAN_STATE

@@ -53,6 +53,15 @@ def test_catalog_is_complete():
         assert set(m.families) <= set(mutants.FAMILIES) and m.where in ("rank", "parent")
 
 
+def test_a_family_that_cannot_run_here_is_left_out_and_named(monkeypatch, capsys):
+    # megatron_column_gathered is CUDA only: without CUDA its family is not judged, and says so.
+    from parity.mutation.check import select_cases
+    from parity.observe.capabilities import ASSUME_MISSING_VAR
+
+    monkeypatch.setenv(ASSUME_MISSING_VAR, "cuda")
+    cases = select_cases([mutants.M_COLUMN, mutants.M_VOCAB], None)
+    assert list(cases) == [mutants.M_VOCAB]
+    assert f"family {mutants.M_COLUMN!r} is not judged here" in capsys.readouterr().out
 def test_red_baseline_has_its_own_exit_status(monkeypatch, tmp_path, capsys):
     # A broken suite or machine must not read as "a mutant survived" (1) or "bad input" (2).
     from parity.mutation import check

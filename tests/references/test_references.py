@@ -47,6 +47,24 @@ def test_loss_matches_torch_cross_entropy(reduction):
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_label_smoothing_is_torchs(reduction):
+    # torch's semantics (a/V on every class), not NeMo's/Megatron's a/(V-1) on the others; and it changes the loss.
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 7, 36, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 36, (2, 7), generator=gen)
+    labels[0, 3] = labels[1, 5] = -100
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 36), labels[:, 1:].reshape(-1),
+                                             reduction=reduction, label_smoothing=0.1)
+    got = causal_lm_loss(logits, labels, reduction=reduction, label_smoothing=0.1)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(causal_lm_loss(logits, labels, reduction=reduction), got)
+    model = build_model(ModelSpec(vocab=36, hidden=8, label_smoothing=0.1), seed=0, dtype=torch.float64)
+    ids = labels.clamp_min(0)  # the model's own CE reads the spec's smoothing
+    plain = build_model(ModelSpec(vocab=36, hidden=8), seed=0, dtype=torch.float64)
+    assert model(ids, labels)[0].sum() != plain(ids, labels)[0].sum()
+
+
 def test_num_items_divides_the_sum():
     logits = torch.randn(1, 5, 11, dtype=torch.float64)
     labels = torch.randint(0, 11, (1, 5))

@@ -1,0 +1,305 @@
+"""Megatron-core 0.16.1 tensor-parallel layers (``megatron.core.tensor_parallel``) on the tiny LM.
+
+Each case initialises Megatron's model-parallel state over the rank group the worker made
+(``parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)``) and destroys it after
+the case, and ``reset_process_state`` destroys whatever a crashed case left and proves it. Layers are
+built as a Megatron user builds them (``ModelParallelConfig(use_cpu_initialization=True,
+perform_initialization=False, params_dtype=...)``), then the reference's initial weights are copied
+into the shards, so initial weights compare bitwise.
+
+- ``megatron_column_gathered``: ``ColumnParallelLinear(gather_output=True)`` as the head, the suite's
+  CE on the full logits. Its all-gather allocates on ``torch.cuda.current_device()``
+  (tensor_parallel/mappings.py ``_gather_along_last_dim``): CUDA only.
+- ``megatron_vocab_parallel``: ``ColumnParallelLinear(gather_output=False)`` + ``vocab_parallel_cross_entropy``.
+- ``megatron_vocab_embedding``: ``VocabParallelEmbedding`` (masked lookup + all-reduce); untied the head
+  stays a plain replicated nn.Linear with the suite's CE; tied, the head is GPTModel's
+  ``share_embeddings_and_output_weights``: ``ColumnParallelLinear(skip_weight_param_allocation=True)``
+  called with the embedding's sharded weight, and the vocab-parallel CE.
+
+The vocab-parallel loss is applied as Megatron's pretrain_gpt ``loss_func`` does: the CE gives
+per-token losses (it has no ignore_index), multiplied by ``loss_mask = labels != ignore_index``;
+sum -> their sum, mean -> sum / max(loss_mask.sum(), 1) (per micro-batch, as the schedule's forward_step
+divides without calculate_per_token_loss), num_items -> sum / the step's token
+count (``calculate_per_token_loss``), none -> the masked per-token losses. The CE receives
+``logits.float()`` as GPTModel passes them; the logits recorded are the tensor the user holds after
+the loss call (ci/repro/megatron_ce_overwrites_fp32_logits.py: in fp32 Megatron overwrites them).
+
+Megatron's VocabUtility divides the vocabulary evenly (``divide`` asserts), so an uneven vocabulary is
+rejected at layer construction, before the model is touched: a rejection case. Training is
+references/trajectory.py's, as in torch_tp.py: plain SGD in fp32, float32 master copies in bf16/fp16.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from parity.observe import collectives
+from parity.observe.dtypes import DTYPES
+from parity.observe.observations import RankObservations
+from parity.subjects.base import Claims, RankContext, Subject
+from references.data import count_items
+from references.tiny_lm import build_model, capture_head_input_grad
+
+MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
+                 "ignore": None, "gas": None, "tp": None, "device": None}
+CLEAN_STATE = {"model_parallel_initialized": False, "tensor_model_parallel_group": None}
+
+
+def _megatron():
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected here
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.model_parallel_config import ModelParallelConfig
+    return parallel_state, tensor_parallel, ModelParallelConfig
+
+
+def process_state() -> dict:
+    parallel_state, _, _ = _megatron()
+    group = parallel_state._TENSOR_MODEL_PARALLEL_GROUP
+    return {"model_parallel_initialized": parallel_state.model_parallel_is_initialized(),
+            "tensor_model_parallel_group": None if group is None else f"size {group.size()}"}
+
+
+def _no_init(weight):
+    """Megatron wants an init_method; the reference's weights are copied in afterwards."""
+
+
+def as_model_head(layer, weight_of=None):
+    """Make a ColumnParallelLinear usable where the model calls ``self.head(h)``: Megatron's layer returns
+    (output, bias) and a Megatron model uses the output, so a forward hook hands that on. Hooks rather
+    than a wrapper module keep the parameter names the reference's (lm_head.weight, lm_head.bias).
+    ``weight_of`` (tied) is the module whose weight the head projects with, as GPTModel passes
+    ``weight=self.shared_embedding_or_output_weight()`` to its output layer."""
+    layer.register_forward_hook(lambda module, args, out: out[0])
+    if weight_of is not None:
+        layer.register_forward_pre_hook(lambda module, args, kwargs: (args, {**kwargs, "weight": weight_of.weight}),
+                                        with_kwargs=True)
+    return layer
+
+
+class MegatronHead(Subject):
+    """Shared loop: build Megatron layers around the reference's weights, then train with plain SGD."""
+
+    axes = MEGATRON_AXES
+    clean_state = CLEAN_STATE
+    framework = "megatron"
+    gathers = False  # ColumnParallelLinear(gather_output=True): CUDA only
+    vocab_parallel_loss = False
+
+    def world_size(self, values):
+        return values.get("tp", 1)
+
+    def requires(self, values):
+        found = ["megatron_core"] + super().requires(values)
+        if self.gathers:
+            # torch.cuda.current_device() in Megatron's all-gather; and ranks sharing one GPU over gloo
+            # crash in its CUDA all-gather (pytorch/pytorch#152645), so one GPU per rank.
+            found += [] if "cuda" in found else ["cuda"]
+            found.append(f"gpus{self.world_size(values)}")
+        return found
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        parallel_state, _, _ = _megatron()
+        parallel_state.destroy_model_parallel()
+        return process_state()
+
+    def config(self, dtype):
+        _, _, ModelParallelConfig = _megatron()
+        tp = _megatron()[0].get_tensor_model_parallel_world_size()
+        return ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
+                                   perform_initialization=False, params_dtype=dtype)
+
+    def install(self, model, values, dtype, tp_rank, tp):
+        raise NotImplementedError
+
+    def loss(self, model, logits, batch, num_items):
+        """Megatron's per-token vocab-parallel CE, masked and reduced as pretrain_gpt's loss_func does."""
+        _, tensor_parallel, _ = _megatron()
+        spec = model.spec
+        # HF's causal shift done on the labels (pad, then drop the first), so the sharded logits are not sliced.
+        labels = F.pad(batch["labels"], (0, 1), value=spec.ignore_index)[..., 1:]
+        mask = (labels != spec.ignore_index).float()
+        per_token = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels,
+                                                                 label_smoothing=spec.label_smoothing)
+        masked = per_token * mask
+        if spec.reduction == "none":
+            return masked[..., :-1]
+        total = masked.sum()
+        if spec.reduction == "sum":
+            return total
+        if spec.reduction == "num_items":
+            return total / max(int(num_items), 1)
+        # The schedule's forward_step (pipeline_parallel/schedules.py) divides by torch.clamp(num_tokens, min=1):
+        # an all-masked micro-batch gives 0, not 0/0.
+        return total / mask.sum().clamp(min=1)
+
+    def forward(self, model, batch, num_items):
+        if not self.vocab_parallel_loss:
+            return model(**batch, num_items_in_batch=num_items)
+        _, logits = model(batch["input_ids"])
+        return self.loss(model, logits, batch, num_items), logits
+
+    def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
+        parallel_state, _, _ = _megatron()
+        tp = values["tp"]
+        if ctx.world_size != tp:
+            raise ValueError(f"megatron subjects run with world size == tp; got world {ctx.world_size}, tp {tp}")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
+        try:
+            return self._train(values, ctx, tp)
+        finally:
+            parallel_state.destroy_model_parallel()
+
+    def _train(self, values, ctx, tp):
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        spec, train = self.model_spec(values), self.training_spec(values)
+        dtype = DTYPES[values["dtype"]]
+        model = build_model(spec, train.seed, dtype)
+        self.install(model, values, dtype, tp_rank, tp)
+        model.to(ctx.device)
+        captured: dict = {}
+        capture_head_input_grad(model, captured)
+        claims = self.claims(values)
+
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__ for path in claims.module_types}
+        obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b)
+                                      for a, b in claims.shared_params}
+        params = dict(model.named_parameters())
+        for name, p in params.items():
+            obs.record("weight", -1, None, name, p)
+        low_precision = dtype in (torch.bfloat16, torch.float16)
+        if low_precision:
+            master = {name: p.detach().float().clone() for name, p in params.items()}
+        else:
+            optimizer = torch.optim.SGD(list(params.values()), lr=train.lr)
+        for step in range(train.steps):
+            model.zero_grad(set_to_none=True)
+            batches = [{k: t.to(ctx.device) for k, t in b.items()}
+                       for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
+            num_items = count_items(batches, spec.ignore_index)
+            for micro, batch in enumerate(batches):
+                with collectives.recording() as counts:
+                    loss, logits = self.forward(model, batch, num_items)
+                    scalar = loss.sum() if spec.reduction == "none" else loss
+                    (scalar / train.micro_batches).backward()
+                obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
+                obs.record("logits", step, micro, None, logits)
+                obs.record("loss", step, micro, None, loss)
+                obs.record("head_input_grad", step, micro, None, captured.pop("h"))
+            grads = {name: torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float()
+                     for name, p in params.items()}
+            for name, g in grads.items():
+                obs.record("grad", step, None, name, g)
+            with torch.no_grad():
+                if low_precision:
+                    for name, p in params.items():
+                        master[name].sub_(train.lr * grads[name])
+                        p.copy_(master[name].to(p.dtype))
+                else:
+                    optimizer.step()
+            for name, p in params.items():
+                obs.record("weight", step, None, name, p)
+        return obs
+
+    @staticmethod
+    def shard(tensor, tp_rank, tp):
+        """Megatron's layout: rank r holds rows [r*V/tp, (r+1)*V/tp) (VocabUtility; even only)."""
+        return tensor.chunk(tp, dim=0)[tp_rank]
+
+    def column_layer(self, spec, dtype, gather, skip_weight=False):
+        _, tensor_parallel, _ = _megatron()
+        return tensor_parallel.ColumnParallelLinear(spec.hidden, spec.vocab, config=self.config(dtype),
+                                                    init_method=_no_init, bias=spec.bias, gather_output=gather,
+                                                    skip_weight_param_allocation=skip_weight)
+
+    def copy_head(self, layer, head, tp_rank, tp, weight=True):
+        with torch.no_grad():
+            if weight:
+                layer.weight.copy_(self.shard(head.weight, tp_rank, tp))
+            if head.bias is not None:
+                layer.bias.copy_(self.shard(head.bias, tp_rank, tp))
+
+
+def _attribute(root, path: str):
+    for part in path.split("."):
+        root = getattr(root, part, None)
+    return root
+
+
+class MegatronColumnGatheredHead(MegatronHead):
+    name = "megatron_column_gathered"
+    description = ("ColumnParallelLinear(gather_output=True) head: weight and bias sharded along vocab, logits "
+                   "all-gathered, the suite's CE; plain SGD. CUDA only (Megatron's all-gather allocates on CUDA).")
+    gathers = True
+
+    def install(self, model, values, dtype, tp_rank, tp):
+        layer = self.column_layer(model.spec, dtype, gather=True)
+        self.copy_head(layer, model.head, tp_rank, tp)
+        model.replace_head(as_model_head(layer))
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "ColumnParallelLinear", "embed_tokens": "Embedding", "proj": "Linear"},
+                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0}, split="chunk")
+
+
+class MegatronVocabParallelHead(MegatronHead):
+    name = "megatron_vocab_parallel"
+    description = ("ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy "
+                   "(per-token, masked and reduced as pretrain_gpt's loss_func); plain SGD.")
+    axes = {**MEGATRON_AXES, "label_smoothing": None}
+    vocab_parallel_loss = True
+
+    def install(self, model, values, dtype, tp_rank, tp):
+        layer = self.column_layer(model.spec, dtype, gather=False)
+        self.copy_head(layer, model.head, tp_rank, tp)
+        model.replace_head(as_model_head(layer))
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "ColumnParallelLinear", "embed_tokens": "Embedding", "proj": "Linear"},
+                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0},
+                      micro_records={"logits": -1, "loss": None, "head_input_grad": None}, split="chunk")
+
+
+class MegatronVocabParallelEmbedding(MegatronHead):
+    name = "megatron_vocab_embedding"
+    description = ("VocabParallelEmbedding (masked lookup + all-reduce). Untied: plain head, the suite's CE; tied "
+                   "(GPTModel's share_embeddings_and_output_weights): ColumnParallelLinear("
+                   "skip_weight_param_allocation=True) on the embedding's shard + vocab_parallel_cross_entropy.")
+    axes = {**MEGATRON_AXES, "tied": None}
+
+    def install(self, model, values, dtype, tp_rank, tp):
+        _, tensor_parallel, _ = _megatron()
+        spec = model.spec
+        embedding = tensor_parallel.VocabParallelEmbedding(spec.vocab, spec.hidden, init_method=_no_init,
+                                                           config=self.config(dtype))
+        with torch.no_grad():
+            embedding.weight.copy_(self.shard(model.embed_tokens.weight, tp_rank, tp))
+        model.embed_tokens = embedding
+        if spec.tied:
+            layer = self.column_layer(spec, dtype, gather=False, skip_weight=True)
+            self.copy_head(layer, model.head, tp_rank, tp, weight=False)
+            model.replace_head(as_model_head(layer, weight_of=embedding))
+
+    def forward(self, model, batch, num_items):
+        if not model.spec.tied:
+            return model(**batch, num_items_in_batch=num_items)
+        _, logits = model(batch["input_ids"])
+        return self.loss(model, logits, batch, num_items), logits
+
+    def claims(self, values):
+        if values.get("tied"):
+            return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear",
+                                        "lm_head": "ColumnParallelLinear"},
+                          # skip_weight_param_allocation: the head has no weight of its own (lm_head.weight is
+                          # None), so the reference's tied lm_head.weight is embed_tokens.weight here too.
+                          param_shards={"embed_tokens.weight": 0, "lm_head.bias": 0},
+                          micro_records={"logits": -1, "loss": None, "head_input_grad": None}, split="chunk")
+        return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear", "lm_head": "Linear"},
+                      param_shards={"embed_tokens.weight": 0, "lm_head.bias": None, "lm_head.weight": None},
+                      split="chunk")
+
+
+SUBJECTS = [MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]

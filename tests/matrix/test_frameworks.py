@@ -1,0 +1,47 @@
+"""The README's cross-framework table is generated from the case files and must match them;
+every subject belongs to a framework and to a feature of the table (or is named as no head feature)."""
+from pathlib import Path
+
+import pytest
+
+from parity.matrix import frameworks
+from parity.matrix.cases import SelectionError, load, select
+from parity.subjects import FRAMEWORKS, SUBJECTS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_framework_table_is_current():
+    text = README.read_text()
+    assert frameworks.BEGIN in text and frameworks.END in text, "README lacks the frameworks block"
+    current = text[text.index(frameworks.BEGIN):text.index(frameworks.END) + len(frameworks.END)]
+    assert current == frameworks.readme_block(load()), \
+        "README framework table is stale: regenerate its block with parity.matrix.frameworks.readme_block"
+
+
+def test_every_subject_has_a_framework_and_a_place_in_the_table():
+    for name, subject in SUBJECTS.items():
+        if name.startswith("faulty"):
+            continue
+        assert subject.framework in FRAMEWORKS, name
+        assert (name in frameworks.FEATURES) != (name in frameworks.OTHER), name
+    assert set(frameworks.FEATURES) | frameworks.OTHER <= set(SUBJECTS)
+
+
+def test_table_counts_expected_outcomes():
+    # Megatron's uneven vocabulary is a rejection, its fp32 vocab-parallel CE a known divergence.
+    table = frameworks.framework_table(load())
+    row = next(line for line in table.splitlines() if line.startswith(f"| {frameworks.VOCAB} |"))
+    megatron = row.strip("|").split("|")[3].strip()
+    parity, diverged, rejected = (int(n) for n in megatron.split(" / "))
+    assert parity > 0 and diverged > 0 and rejected > 0
+
+
+def test_select_by_framework():
+    cases = load()
+    chosen = select(cases, None, None, framework="megatron")
+    assert chosen and all(SUBJECTS[c.subject].framework == "megatron" for c in chosen)
+    assert len(select(cases, None, None, framework="torch")) == sum(
+        SUBJECTS[c.subject].framework == "torch" for c in cases)
+    with pytest.raises(SelectionError, match="unknown framework .*valid: deepspeed, liger, torch, megatron"):
+        select(cases, None, None, framework="jax")
