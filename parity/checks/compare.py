@@ -337,6 +337,28 @@ _reference_lock = threading.Lock()  # parity run -j: jobs judge cases in paralle
 reference_cache_stats = {"hits": 0, "misses": 0}
 
 
+def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
+    """A refused setup must leave what the user holds as it was: every entry of the state recorded
+    before the call (parity.observe.model_state), none added, none changed. Two checks: the user's
+    model or inputs (``state_after_rejection``) and process-global switches (``extra[...]`` entries,
+    ``process_state_after_rejection``), so a documented leak of one cannot hide a change of the other.
+    Missing snapshots fail both: a rejection whose aftermath went unrecorded cannot be called clean."""
+    before, after = facts.get("state_before"), facts.get("state_after")
+    names = ("state_after_rejection", "process_state_after_rejection")
+    if before is None or after is None:
+        return [Check(n, False, rank=rank, detail="the rank recorded no state after the error") for n in names]
+    checks = []
+    for name, process in zip(names, (False, True)):
+        keys = sorted(k for k in set(before) | set(after) if k.startswith("extra[") == process)
+        changed = [f"{k}: {before.get(k, '<absent>')} -> {after.get(k, '<absent>')}"
+                   for k in keys if before.get(k) != after.get(k)]
+        what = "process-global switches" if process else "model (or inputs)"
+        detail = (f"{len(changed)} changed after the error: " + "; ".join(changed[:4]) if changed
+                  else f"{what} untouched ({len(keys)} entries)")
+        checks.append(Check(name, not changed, rank=rank, detail=detail))
+    return checks
+
+
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
     """The reference at the case dtype and the float64 oracle, computed once per reference_key.
 

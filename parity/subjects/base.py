@@ -106,6 +106,13 @@ class Subject(ABC):
     def run_rank(self, values: dict, ctx: RankContext):
         """Runs inside rank process ``ctx.rank``; returns parity.observe.observations.RankObservations."""
 
+    def records_state_after_rejection(self, values: dict) -> bool:
+        """True: when this case's expected error is raised, every rank attaches the state of what the
+        user holds before and after the refused call (parity.observe.model_state) to the exception as
+        ``parity_facts = {"state_before": ..., "state_after": ...}``; the case fails unless the two are
+        equal (a model half-converted by a refused setup is a finding), or when a rank attached none."""
+        return False
+
     def reset_process_state(self, ctx: RankContext) -> dict:
         """Undo process-global state a previous case may have left; return a snapshot proving it."""
         return {}

@@ -73,6 +73,14 @@ def reset_deepspeed_state() -> dict:
     layers.TensorParallel_Layer.keep_module_on_host = False
     for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
         setattr(groups, n, None)
+    return deepspeed_process_state()
+
+
+def deepspeed_process_state() -> dict:
+    """AutoTP's process-global switches as they are now (read only)."""
+    from deepspeed.module_inject import layers
+    from deepspeed.utils import groups
+
     return {
         "autotp_training_mode": layers.is_autotp_training_mode(),
         "tp_overlap_comm": layers.TensorParallel_Layer.tp_overlap_comm,
