@@ -86,24 +86,35 @@ class Comparison:
         if got.shape != oracle.shape:
             self.add(name, False, detail=f"shape {got.shape} != expected {oracle.shape}", **where)
             return
+        # torch's own 0/0 (a mean over targets that are all ignored) is nan in the oracle: the subject
+        # must give nan at exactly those places, and finite values within the bound everywhere else.
+        expected_nan = np.isnan(oracle)
+        if not np.array_equal(np.isnan(got), expected_nan):
+            detail = (f"nan where unsharded torch gives a number ({int((np.isnan(got) & ~expected_nan).sum())}), "
+                      f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
+            self.add(name, False, detail=detail, **where)
+            return
+        keep = ~expected_nan
+        got, ref, oracle = got[keep], ref[keep], oracle[keep]
         measured = float(np.max(np.abs(got - oracle))) if got.size else 0.0
         bound = parity_bound(self.dtype, float(np.max(np.abs(ref - oracle))) if ref.size else 0.0,
                              float(np.max(np.abs(oracle))) if oracle.size else 0.0)
         finite = bool(np.all(np.isfinite(got)))
         self.add(name, finite and measured <= bound.value, measured=measured, bound=bound.value,
-                 detail="" if finite else "non-finite values", **where)
+                 detail=("" if finite else "non-finite values") + (
+                     f"; {int(expected_nan.sum())} nan as in torch" if expected_nan.any() else ""), **where)
 
     def exact(self, name, got, want, **where) -> None:
         if got is None or got.shape != want.shape:
             self.add(name, False, detail="not observed" if got is None else f"shape {got.shape} != {want.shape}",
                      **where)
             return
-        diff = got != want
+        diff = (got != want) & ~(np.isnan(got) & np.isnan(want))  # nan matches nan (torch's 0/0 kept)
         detail = ""
         if diff.any():
             first = tuple(int(i) for i in np.argwhere(diff)[0])
             detail = f"{int(diff.sum())} of {diff.size} differ; first at {first}: {got[first]!r} vs {want[first]!r}"
-        measured = float(np.max(np.abs(got - want))) if got.size else 0.0
+        measured = float(np.max(np.abs(np.where(diff, got - want, 0.0)))) if got.size else 0.0
         self.add(name, not diff.any(), measured=measured, bound=0.0, detail=detail, **where)
 
     # -- the checks ----------------------------------------------------------------------------
@@ -315,7 +326,8 @@ class Comparison:
                 peers = [r for r in ranks[1:] if self.obs[r].tp_rank == first.tp_rank]
             for r in peers:
                 other = self.obs[r].tensors.get(key)
-                if other is None or other.shape != value.shape or np.any(other != value):
+                # equal_nan: a replicated nan (torch's 0/0 on every rank) is the same value everywhere
+                if other is None or other.shape != value.shape or not np.array_equal(other, value, equal_nan=True):
                     where = f"{kind}[{name}]" if name else kind
                     self.add(f"replicas_agree[{where}]", False, step=step, micro=micro, rank=r,
                              detail=f"rank {r} differs from rank {ranks[0]}")

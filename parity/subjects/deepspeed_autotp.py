@@ -17,8 +17,8 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
-from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
+from references.trajectory import step_num_items, trainer_objective
 
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
@@ -310,7 +310,7 @@ class EngineHead(Subject):
                 for step in range(train.steps):
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                    num_items = count_items(batches, spec.ignore_index)
+                    num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
                     for micro, batch in enumerate(batches):
                         before = len(backend_log)
                         # Collectives of the head and loss, forward and backward, this micro-batch
@@ -320,7 +320,9 @@ class EngineHead(Subject):
                             backends[(step, micro)] = backend_log[before:]
                             obs.record("logits", step, micro, None, logits)
                             obs.record("loss", step, micro, None, loss)
-                            engine.backward(loss.sum() if spec.reduction == "none" else loss)
+                            # As the HF Trainer drives DeepSpeed: its own loss scaling
+                            # (references/trajectory.py trainer_objective), the engine's 1/GAS off.
+                            engine.backward(trainer_objective(loss, train, spec.reduction), scale_wrt_gas=False)
                         comm[(step, micro)] = dict(counts)
                         obs.record("head_input_grad", step, micro, None, captured.pop("h"))
                         if engine.is_gradient_accumulation_boundary():
