@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from parity.observe.partition import shard_slice, split_sizes
+from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.checks.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -153,6 +153,37 @@ class Comparison:
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
         if self.claims.loss_backend is not None:
             self.check_backend_agreement()
+        if self.subject.records_rank_decisions:
+            self.check_rank_decisions()
+
+    def check_rank_decisions(self) -> None:
+        """What the framework decided on each rank alone (its TP rank and size, the members of its TP
+        and data-parallel groups, its data-parallel size, a vocabulary-parallel head's vocab range)
+        must be the suite's own formula for that rank (parity.observe.partition), and every member
+        of a group must list the same members: ranks that disagree about a group fail here even
+        where the numbers happen to agree."""
+        world = len(self.obs)
+        for rank, o in sorted(self.obs.items()):
+            found = o.facts.get("rank_decisions")
+            if found is None:
+                self.add("rank_decisions", False, rank=rank, detail="not recorded")
+                continue
+            want = {**mesh_groups(rank, world, self.tp), "engine_dp_world": world // self.tp}
+            if "head_vocab_range" in found:
+                part = shard_slice(self.values["vocab"], self.tp, want["tp_rank"], self.grain, self.split)
+                want["head_vocab_range"] = [part.start, part.stop]
+            wrong = {k: f"{found.get(k)} (formula {v})" for k, v in want.items() if found.get(k) != v}
+            self.add("rank_decisions", not wrong, rank=rank,
+                     detail=f"differs from the suite's formula: {wrong}" if wrong else f"as the formula: {found}")
+        for key in ("tp_group", "dp_group"):
+            views = {r: o.facts.get("rank_decisions", {}).get(key) for r, o in self.obs.items()}
+            # a member that recorded nothing already failed rank_decisions; compare those that did
+            split = {r: (v, views.get(m)) for r, v in views.items() if v for m in v
+                     if views.get(m) is not None and views.get(m) != v}
+            self.add(f"rank_decisions_agree[{key}]", not split,
+                     detail="every member lists the same group" if not split else
+                     f"members disagree: rank {next(iter(split))} lists {next(iter(split.values()))[0]}, "
+                     f"a member of it lists {next(iter(split.values()))[1]}")
 
     def check_backend_agreement(self) -> None:
         """DeepSpeed's Liger gate is decided on each rank alone: the ranks of one TP group must have run

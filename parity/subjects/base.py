@@ -51,6 +51,10 @@ class Subject(ABC):
     axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
     defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
+    # True: every rank records what the framework decided there (facts["rank_decisions"]: TP rank,
+    # TP / DP group members, DP size, a vocab-parallel head's range), checked against the suite's
+    # formulas and across ranks; a rank that records none fails.
+    records_rank_decisions: bool = False
 
     def world_size(self, values: dict) -> int:
         return values.get("tp", 1) * values.get("dp", 1)

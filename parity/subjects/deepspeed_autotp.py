@@ -99,6 +99,25 @@ def _attribute(root, path: str):
     return root
 
 
+def rank_decisions(engine, head) -> dict:
+    """What DeepSpeed decided on THIS rank, read from DeepSpeed itself (issue 13 item 3): its TP rank
+    and size, the members of its TP and data-parallel groups, the engine's data-parallel size, and a
+    vocabulary-parallel head's own [vocab_start, vocab_end). The parent checks each rank's against the
+    suite's formulas (parity.observe.partition) and the ranks against each other."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    tp_group, dp_group = groups.get_tensor_model_parallel_group(), groups.get_data_parallel_group()
+    found = {"tp_rank": groups.get_tensor_model_parallel_rank(),
+             "tp_world": groups.get_tensor_model_parallel_world_size(),
+             "tp_group": sorted(dist.get_process_group_ranks(tp_group)),
+             "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
+             "engine_dp_world": int(engine.dp_world_size)}
+    if hasattr(head, "vocab_start_index"):
+        found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
+    return found
+
+
 def reports_grad_norm(values: dict) -> bool:
     """DeepSpeed keeps the clipping norm in its optimizer wrappers (fp16/bf16, ZeRO >= 1); a plain
     torch optimizer under ZeRO 0 in fp32 is clipped by clip_fp32_gradients, which returns nothing
@@ -254,6 +273,7 @@ class EngineHead(Subject):
         return cfg
 
     clean_state = CLEAN_STATE
+    records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def requires(self, values):
         return super().requires(values) + engine_dtype_requirements(values)
@@ -301,6 +321,7 @@ class EngineHead(Subject):
                                              for path in self.claims(values).module_types}
                 obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
                                               for a, b in self.claims(values).shared_params}
+                obs.facts["rank_decisions"] = rank_decisions(engine, _attribute(model, values.get("head", "lm_head")))
                 params = dict(model.named_parameters())
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}
