@@ -120,7 +120,8 @@ def collect(store, seq: int, world_size: int, deadline: float, missing_why: str)
             if kind == "ok":
                 outcome.observations[rank] = payload
             else:
-                outcome.errors[rank] = RankError(rank, payload["type"], payload["message"], payload["traceback"])
+                outcome.errors[rank] = RankError(rank, payload["type"], payload["message"], payload["traceback"],
+                                                 payload.get("facts") or {})
                 outcome.broken |= kind == "lost"
         if pending and time.monotonic() > deadline:
             break

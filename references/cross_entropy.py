@@ -3,8 +3,8 @@ and its gradients.
 
 The upstream gradient is a fixed positive weight per token (not all ones) for reduction "none",
 and a fixed scalar other than one for "sum"/"mean", so a subject that ignores grad_output, or
-applies it to the wrong token, is caught. "mean" divides by the number of non-ignored targets
-(at least one, so an all-ignored batch gives 0 rather than nan).
+applies it to the wrong token, is caught. "mean" divides by the number of non-ignored targets,
+as torch's F.cross_entropy does: an all-ignored batch gives 0/0 = nan (with a zero gradient).
 """
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def reduce_losses(losses: torch.Tensor, targets: torch.Tensor, reduction: str, i
     total = losses.sum()
     if reduction == "sum":
         return total
-    return total / (targets != ignore_index).sum().clamp_min(1).to(total.dtype)
+    # torch's F.cross_entropy(reduction="mean"): nan (0/0) when every target is ignored, gradient zero.
+    return total / (targets != ignore_index).sum().to(total.dtype)
 
 
 def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: str) -> torch.Tensor:

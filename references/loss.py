@@ -43,7 +43,12 @@ def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_item
     if reduction == "sum":
         return total
     if reduction == "num_items":
-        return total / max(int(num_items_in_batch), 1)
+        # transformers' fixed_cross_entropy (loss/loss_utils.py): F.cross_entropy(reduction="sum") /
+        # num_items_in_batch, unguarded: a step whose targets are all ignored gives 0/0 = nan.
+        return total / int(num_items_in_batch)
     count = (labels[..., 1:] != ignore_index).sum()
-    # An all-ignored batch gives 0/0 in torch's CE (nan); define it as 0 like DeepSpeed's CE.
-    return total / count.clamp_min(1)
+    # torch's F.cross_entropy(reduction="mean") (what HF's ForCausalLMLoss calls) over targets that are
+    # all ignore_index returns 0/0 = nan, with a zero gradient: so does this (the zero numerator's
+    # gradient reaches no logit, every token being masked). Not 0: that is DeepSpeed's choice, a
+    # documented divergence (README "Known divergences"), not what a user without TP gets.
+    return total / count

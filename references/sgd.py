@@ -1,7 +1,11 @@
 """Plain SGD (no momentum, no weight decay, no clipping), optionally through fp32 master weights.
 
-Mixed precision as DeepSpeed's bf16/fp16 optimizers do it: the model holds low-precision weights,
-the optimizer a float32 master copy; the update is applied to the master, then cast back.
+Mixed precision: the model holds low-precision weights, the optimizer a float32 master copy; the
+update is applied to the master, then cast back. The choice and its source: this is the update a
+user without TP gets from the HF Trainer's bf16/fp16 (torch.autocast over float32 parameters: the
+optimizer steps float32 weights, the matmuls run on their low-precision casts) and from apex/
+Micikevicius et al.'s mixed-precision recipe; a pure-bf16 torch.optim.SGD on bf16 parameters would
+round every update to bf16 instead. (DeepSpeed's bf16/fp16 optimizers happen to do the same.)
 """
 from __future__ import annotations
 

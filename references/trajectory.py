@@ -1,12 +1,21 @@
 """Train the unsharded reference and record every quantity a subject is compared on.
 
-Semantics, stated once (the case files refer here):
-- Each micro-batch loss is divided by the gradient-accumulation count before backward (DeepSpeed's
-  engine does this), so gradients into the head input are d(loss/GAS)/dh.
-- reduction "none" backpropagates the sum of per-token losses; "num_items" divides the sum by the
-  number of non-ignored targets in the whole optimizer step on that data-parallel rank.
+Semantics, stated once (the case files refer here). The reference is what a user gets from plain
+PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 5.x, trainer.py):
+- reduction mean / sum / none: each micro-batch loss (the sum of per-token losses for "none") is
+  divided by the gradient-accumulation count before backward (Trainer.training_step: the loss is
+  not "scaled for GA", so ``loss / current_gradient_accumulation_steps``; the usual DDP loop alike).
+- reduction "num_items": the model's loss is sum / num_items_in_batch, num_items_in_batch being the
+  non-ignored shifted targets of the whole optimizer step counted over EVERY data-parallel rank
+  (Trainer._get_num_items_in_batch with average_tokens_across_devices=True, its default: gathered
+  and summed). The Trainer then multiplies the loss by the data-parallel size (compute_loss:
+  ``loss *= num_processes // tp_size``) and does not divide by the accumulation count (the loss is
+  already normalised for the step; with DeepSpeed it calls ``backward(..., scale_wrt_gas=False)``).
+  With DDP's averaging the step gradient is d(sum of every token loss of the step, all ranks)/N.
+  ``step_num_items`` and ``trainer_objective`` say this once; the subjects' training loops (which
+  play the user's trainer around the code under test) call them too.
 - With data parallelism each replica sees its own batches; the step gradient is the mean over
-  replicas of their accumulated gradients.
+  replicas of their accumulated gradients (DDP's all-reduce average).
 - The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16.
 - With gradient clipping c > 0 the step gradient is scaled by c / (norm + 1e-6) when that is
   below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
@@ -61,6 +70,21 @@ def _scalar(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     return loss.sum() if reduction == "none" else loss
 
 
+def step_num_items(train: "TrainingSpec", step: int, vocab: int, ignore_index: int) -> int:
+    """num_items_in_batch as the HF Trainer passes it by default: the step's non-ignored shifted
+    targets over every micro-batch of every data-parallel rank (average_tokens_across_devices=True)."""
+    return sum(count_items(train.batches(step, dp_rank, vocab, ignore_index), ignore_index)
+               for dp_rank in range(train.dp))
+
+
+def trainer_objective(loss: torch.Tensor, train: "TrainingSpec", reduction: str) -> torch.Tensor:
+    """The scalar the user's trainer backpropagates for one micro-batch's model loss (module docstring)."""
+    scalar = _scalar(loss, reduction)
+    if reduction == "num_items":
+        return scalar * train.dp  # Trainer.compute_loss; no 1/GAS: the loss is already per step
+    return scalar / train.micro_batches
+
+
 def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torch.dtype,
                     compute_dtype: torch.dtype | None = None) -> Trajectory:
     """Run the reference from the case's initial weights (drawn at ``case_dtype``) in ``compute_dtype``
@@ -80,13 +104,13 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     for step in range(train.steps):
         step_grads = {name: torch.zeros_like(p, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
                       for name, p in params.items()}
+        num_items = step_num_items(train, step, model_spec.vocab, model_spec.ignore_index)
         for dp_rank in range(train.dp):
             model.zero_grad(set_to_none=True)
             batches = train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
-            num_items = count_items(batches, model_spec.ignore_index)
             for micro, batch in enumerate(batches):
                 loss, logits = model(**batch, num_items_in_batch=num_items)
-                (_scalar(loss, model_spec.reduction) / train.micro_batches).backward()
+                trainer_objective(loss, train, model_spec.reduction).backward()
                 traj.put("logits", step, micro, dp_rank, None, logits)
                 traj.put("loss", step, micro, dp_rank, None, loss)
                 traj.put("head_input_grad", step, micro, dp_rank, None, captured.pop("h"))

@@ -86,5 +86,40 @@ class AlwaysRejects(ColumnGatheredHead):
         raise ValueError(f"planted rejection on rank {ctx.rank}")
 
 
+class RejectsAfterConverting(ColumnGatheredHead):
+    """Raises the expected error, but only after changing the user's model (``plant``): on rank 1 the
+    head is swapped for a half-size one (a half-converted model), or a process switch is flipped, or
+    no state is recorded at all; "none" leaves everything as it was."""
+    plant = "none"
+
+    def records_state_after_rejection(self, values):
+        return True
+
+    def run_rank(self, values, ctx):
+        import torch
+
+        from parity.observe.model_state import model_state
+        from references.tiny_lm import build_model
+
+        spec = self.model_spec(values)
+        model = build_model(spec, 1234, torch.float32)
+        switch = {"planted_switch": False}
+        before = model_state(model, **switch)
+        if ctx.rank == 1 and self.plant == "convert":
+            model.lm_head = torch.nn.Linear(spec.hidden, spec.vocab // 2)
+        if ctx.rank == 1 and self.plant == "switch":
+            switch["planted_switch"] = True
+        exc = ValueError(f"planted rejection on rank {ctx.rank}")
+        if self.plant != "unrecorded":
+            exc.parity_facts = {"state_before": before, "state_after": model_state(model, **switch)}
+        raise exc
+
+
+def _rejects(plant: str) -> RejectsAfterConverting:
+    subject = RejectsAfterConverting()
+    subject.name, subject.plant = f"faulty_rejects_{plant}", plant
+    return subject
+
+
 SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(),
-            LeavesStateBehind(), AlwaysRejects()]
+            LeavesStateBehind(), AlwaysRejects()] + [_rejects(p) for p in ("none", "convert", "switch", "unrecorded")]

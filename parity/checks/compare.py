@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from parity.observe.partition import shard_slice, split_sizes
+from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.checks.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -86,24 +86,35 @@ class Comparison:
         if got.shape != oracle.shape:
             self.add(name, False, detail=f"shape {got.shape} != expected {oracle.shape}", **where)
             return
+        # torch's own 0/0 (a mean over targets that are all ignored) is nan in the oracle: the subject
+        # must give nan at exactly those places, and finite values within the bound everywhere else.
+        expected_nan = np.isnan(oracle)
+        if not np.array_equal(np.isnan(got), expected_nan):
+            detail = (f"nan where unsharded torch gives a number ({int((np.isnan(got) & ~expected_nan).sum())}), "
+                      f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
+            self.add(name, False, detail=detail, **where)
+            return
+        keep = ~expected_nan
+        got, ref, oracle = got[keep], ref[keep], oracle[keep]
         measured = float(np.max(np.abs(got - oracle))) if got.size else 0.0
         bound = parity_bound(self.dtype, float(np.max(np.abs(ref - oracle))) if ref.size else 0.0,
                              float(np.max(np.abs(oracle))) if oracle.size else 0.0)
         finite = bool(np.all(np.isfinite(got)))
         self.add(name, finite and measured <= bound.value, measured=measured, bound=bound.value,
-                 detail="" if finite else "non-finite values", **where)
+                 detail=("" if finite else "non-finite values") + (
+                     f"; {int(expected_nan.sum())} nan as in torch" if expected_nan.any() else ""), **where)
 
     def exact(self, name, got, want, **where) -> None:
         if got is None or got.shape != want.shape:
             self.add(name, False, detail="not observed" if got is None else f"shape {got.shape} != {want.shape}",
                      **where)
             return
-        diff = got != want
+        diff = (got != want) & ~(np.isnan(got) & np.isnan(want))  # nan matches nan (torch's 0/0 kept)
         detail = ""
         if diff.any():
             first = tuple(int(i) for i in np.argwhere(diff)[0])
             detail = f"{int(diff.sum())} of {diff.size} differ; first at {first}: {got[first]!r} vs {want[first]!r}"
-        measured = float(np.max(np.abs(got - want))) if got.size else 0.0
+        measured = float(np.max(np.abs(np.where(diff, got - want, 0.0)))) if got.size else 0.0
         self.add(name, not diff.any(), measured=measured, bound=0.0, detail=detail, **where)
 
     # -- the checks ----------------------------------------------------------------------------
@@ -142,6 +153,37 @@ class Comparison:
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
         if self.claims.loss_backend is not None:
             self.check_backend_agreement()
+        if self.subject.records_rank_decisions:
+            self.check_rank_decisions()
+
+    def check_rank_decisions(self) -> None:
+        """What the framework decided on each rank alone (its TP rank and size, the members of its TP
+        and data-parallel groups, its data-parallel size, a vocabulary-parallel head's vocab range)
+        must be the suite's own formula for that rank (parity.observe.partition), and every member
+        of a group must list the same members: ranks that disagree about a group fail here even
+        where the numbers happen to agree."""
+        world = len(self.obs)
+        for rank, o in sorted(self.obs.items()):
+            found = o.facts.get("rank_decisions")
+            if found is None:
+                self.add("rank_decisions", False, rank=rank, detail="not recorded")
+                continue
+            want = {**mesh_groups(rank, world, self.tp), "engine_dp_world": world // self.tp}
+            if "head_vocab_range" in found:
+                part = shard_slice(self.values["vocab"], self.tp, want["tp_rank"], self.grain, self.split)
+                want["head_vocab_range"] = [part.start, part.stop]
+            wrong = {k: f"{found.get(k)} (formula {v})" for k, v in want.items() if found.get(k) != v}
+            self.add("rank_decisions", not wrong, rank=rank,
+                     detail=f"differs from the suite's formula: {wrong}" if wrong else f"as the formula: {found}")
+        for key in ("tp_group", "dp_group"):
+            views = {r: o.facts.get("rank_decisions", {}).get(key) for r, o in self.obs.items()}
+            # a member that recorded nothing already failed rank_decisions; compare those that did
+            split = {r: (v, views.get(m)) for r, v in views.items() if v for m in v
+                     if views.get(m) is not None and views.get(m) != v}
+            self.add(f"rank_decisions_agree[{key}]", not split,
+                     detail="every member lists the same group" if not split else
+                     f"members disagree: rank {next(iter(split))} lists {next(iter(split.values()))[0]}, "
+                     f"a member of it lists {next(iter(split.values()))[1]}")
 
     def check_backend_agreement(self) -> None:
         """DeepSpeed's Liger gate is decided on each rank alone: the ranks of one TP group must have run
@@ -315,7 +357,8 @@ class Comparison:
                 peers = [r for r in ranks[1:] if self.obs[r].tp_rank == first.tp_rank]
             for r in peers:
                 other = self.obs[r].tensors.get(key)
-                if other is None or other.shape != value.shape or np.any(other != value):
+                # equal_nan: a replicated nan (torch's 0/0 on every rank) is the same value everywhere
+                if other is None or other.shape != value.shape or not np.array_equal(other, value, equal_nan=True):
                     where = f"{kind}[{name}]" if name else kind
                     self.add(f"replicas_agree[{where}]", False, step=step, micro=micro, rank=r,
                              detail=f"rank {r} differs from rank {ranks[0]}")
@@ -335,6 +378,28 @@ REFERENCE_CACHE_SIZE = 256
 _reference_cache: OrderedDict = OrderedDict()
 _reference_lock = threading.Lock()  # parity run -j: jobs judge cases in parallel threads
 reference_cache_stats = {"hits": 0, "misses": 0}
+
+
+def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
+    """A refused setup must leave what the user holds as it was: every entry of the state recorded
+    before the call (parity.observe.model_state), none added, none changed. Two checks: the user's
+    model or inputs (``state_after_rejection``) and process-global switches (``extra[...]`` entries,
+    ``process_state_after_rejection``), so a documented leak of one cannot hide a change of the other.
+    Missing snapshots fail both: a rejection whose aftermath went unrecorded cannot be called clean."""
+    before, after = facts.get("state_before"), facts.get("state_after")
+    names = ("state_after_rejection", "process_state_after_rejection")
+    if before is None or after is None:
+        return [Check(n, False, rank=rank, detail="the rank recorded no state after the error") for n in names]
+    checks = []
+    for name, process in zip(names, (False, True)):
+        keys = sorted(k for k in set(before) | set(after) if k.startswith("extra[") == process)
+        changed = [f"{k}: {before.get(k, '<absent>')} -> {after.get(k, '<absent>')}"
+                   for k in keys if before.get(k) != after.get(k)]
+        what = "process-global switches" if process else "model (or inputs)"
+        detail = (f"{len(changed)} changed after the error: " + "; ".join(changed[:4]) if changed
+                  else f"{what} untouched ({len(keys)} entries)")
+        checks.append(Check(name, not changed, rank=rank, detail=detail))
+    return checks
 
 
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:

@@ -30,6 +30,9 @@ class RankError:
     type: str
     message: str
     traceback: str
+    # What the rank recorded on its way out (parity_facts on the exception), e.g. the model's state
+    # before and after a refused setup; empty when the exception carried none.
+    facts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -162,7 +165,8 @@ class RankPool:
             if kind == "ok":
                 outcome.observations[rank] = payload
             else:
-                outcome.errors[rank] = RankError(rank, payload["type"], payload["message"], payload["traceback"])
+                outcome.errors[rank] = RankError(rank, payload["type"], payload["message"], payload["traceback"],
+                                                 payload.get("facts") or {})
                 first_error_at = first_error_at or time.monotonic()
         if problem:
             missing = [r for r in range(self.world_size) if r not in outcome.observations and r not in outcome.errors]

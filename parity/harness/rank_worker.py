@@ -58,7 +58,10 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
         obs.facts["state_at_start"] = state
         return "ok", obs
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the judge
-        return "error", {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+        # A subject may attach what it saw on the way out (the model's state after a refused setup).
+        facts = getattr(exc, "parity_facts", None)
+        return "error", {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
+                         "facts": facts if isinstance(facts, dict) else {}}
 
 
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,

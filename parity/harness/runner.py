@@ -8,7 +8,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from parity.matrix.cases import Case
-from parity.checks.compare import Check, compare, reference_pair
+from parity.checks.compare import Check, compare, reference_pair, state_after_rejection_checks
 from parity.harness.rank_pool import PoolStartError, RankPool
 from parity.subjects import SUBJECTS
 from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict, repro_env
@@ -194,6 +194,7 @@ def _crash_divergence_verdict(case: Case, outcome) -> Verdict:
 
 def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:
     want = case.expect
+    state_checked = SUBJECTS[case.subject].records_state_after_rejection(case.values)
     problems, checks = [], []
     for rank in range(case.world_size):
         err = outcome.errors.get(rank)
@@ -208,8 +209,18 @@ def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:
                             detail=problem or f"raised {want.error} matching {want.match!r}"))
         if problem:
             problems.append(problem)
+        elif state_checked:  # the right error: now what it left behind
+            for state in state_after_rejection_checks(rank, err.facts):
+                checks.append(state)
+                if not state.passed:
+                    problems.append(f"rank {rank} raised {want.error} but {state.name}: {state.detail}")
     known = case.divergence
+    failed = [c for c in checks if not c.passed]
     if problems and known:
+        unexplained = [c for c in failed if not known.covers(c.name)]
+        if unexplained:
+            return Verdict(case, FAILED, checks=checks, rank_errors=outcome.errors,
+                           reason=f"fails beyond its known divergence: {unexplained[0].describe()}")
         return Verdict(case, DIVERGED, checks=checks, rank_errors=outcome.errors,
                        reason=f"known divergence: {known.reason} (repro: {known.repro}); {problems[0]}")
     if problems:
@@ -217,7 +228,8 @@ def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:
     if known:
         reason = f"known divergence no longer reproduces ({known.repro}): every rank raised {want.error}"
         return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason)
-    return Verdict(case, PASSED, checks=checks, reason=f"every rank raised {want.error} matching {want.match!r}")
+    clean = " and left the model untouched" if state_checked else ""
+    return Verdict(case, PASSED, checks=checks, reason=f"every rank raised {want.error} matching {want.match!r}{clean}")
 
 
 def observed_facts(outcome) -> dict:

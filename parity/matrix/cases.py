@@ -43,6 +43,8 @@ from parity.subjects import SUBJECTS
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
                "collectives")
 EXPECT_KEYS = ("error", "match")
+# The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
+REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
 DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
@@ -201,9 +203,12 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
 
     divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
-    if divergence and expect.is_error and divergence.checks:
-        # A rejection that does not happen is the whole divergence: there are no checks to name.
-        raise CaseFileError(path, f"{where}.known_divergence.checks", "not allowed with expect.error")
+    if divergence and expect.is_error and set(divergence.checks) - set(REJECTION_CHECKS):
+        # A rejection case has no numerical checks: only the rejection itself and what it left behind
+        # (parity.checks.compare.state_after_rejection_checks) can be named.
+        bad = sorted(set(divergence.checks) - set(REJECTION_CHECKS))
+        raise CaseFileError(path, f"{where}.known_divergence.checks", f"{bad} not allowed with expect.error",
+                            ", ".join(REJECTION_CHECKS))
 
     declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
     if declared and expect.is_error:

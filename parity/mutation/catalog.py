@@ -505,8 +505,8 @@ def _reference_no_causal_shift():
         if reduction == "sum":
             return total
         if reduction == "num_items":
-            return total / max(int(num_items_in_batch), 1)
-        return total / (labels != ignore_index).sum().clamp_min(1)
+            return total / int(num_items_in_batch)
+        return total / (labels != ignore_index).sum()
 
     return _swap(tiny_lm, "causal_lm_loss", causal_lm_loss)
 
@@ -524,13 +524,16 @@ def _reference_grad_not_divided_by_gas():
 
 
 class _NoDivide:
-    """Wraps the loss so that '/ micro_batches' in train_reference is a no-op."""
+    """Wraps the loss so that '/ micro_batches' in trajectory.trainer_objective is a no-op."""
 
     def __init__(self, value):
         self.value = value
 
-    def __truediv__(self, _):  # upstream: (loss / micro_batches).backward()
+    def __truediv__(self, _):  # upstream: scalar / train.micro_batches (mean, sum, none)
         return self.value
+
+    def __mul__(self, other):  # num_items: scalar * dp, which the mutant leaves alone
+        return self.value * other
 
 
 def _inference_head_offset_zero():

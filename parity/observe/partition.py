@@ -46,3 +46,13 @@ def shard_slice(total: int, parts: int, index: int, grain: int = 1, split: str =
     sizes = split_sizes(total, parts, grain, split)
     start = sum(sizes[:index])
     return slice(start, start + sizes[index])
+
+
+def mesh_groups(rank: int, world: int, tp: int) -> dict:
+    """The suite's own (dp, tp) mesh, as DeepSpeed documents it: TP groups are runs of consecutive
+    ranks, a data-parallel group holds one rank of each TP group. -> {"tp_rank", "tp_group", "dp_group"}."""
+    if tp < 1 or world % tp:
+        raise ValueError(f"world size {world} is not a multiple of tp {tp}")
+    tp_rank, dp_rank = rank % tp, rank // tp
+    return {"tp_rank": tp_rank, "tp_world": tp, "tp_group": [dp_rank * tp + i for i in range(tp)],
+            "dp_group": [tp_rank + k * tp for k in range(world // tp)]}

@@ -52,6 +52,10 @@ class Subject(ABC):
     defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
     framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and the README table
+    # True: every rank records what the framework decided there (facts["rank_decisions"]: TP rank,
+    # TP / DP group members, DP size, a vocab-parallel head's range), checked against the suite's
+    # formulas and across ranks; a rank that records none fails.
+    records_rank_decisions: bool = False
 
     def world_size(self, values: dict) -> int:
         return values.get("tp", 1) * values.get("dp", 1)
@@ -107,6 +111,13 @@ class Subject(ABC):
     @abstractmethod
     def run_rank(self, values: dict, ctx: RankContext):
         """Runs inside rank process ``ctx.rank``; returns parity.observe.observations.RankObservations."""
+
+    def records_state_after_rejection(self, values: dict) -> bool:
+        """True: when this case's expected error is raised, every rank attaches the state of what the
+        user holds before and after the refused call (parity.observe.model_state) to the exception as
+        ``parity_facts = {"state_before": ..., "state_after": ...}``; the case fails unless the two are
+        equal (a model half-converted by a refused setup is a finding), or when a rank attached none."""
+        return False
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         """Undo process-global state a previous case may have left; return a snapshot proving it."""

@@ -17,8 +17,8 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
-from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
+from references.trajectory import step_num_items, trainer_objective
 
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
@@ -73,6 +73,14 @@ def reset_deepspeed_state() -> dict:
     layers.TensorParallel_Layer.keep_module_on_host = False
     for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
         setattr(groups, n, None)
+    return deepspeed_process_state()
+
+
+def deepspeed_process_state() -> dict:
+    """AutoTP's process-global switches as they are now (read only)."""
+    from deepspeed.module_inject import layers
+    from deepspeed.utils import groups
+
     return {
         "autotp_training_mode": layers.is_autotp_training_mode(),
         "tp_overlap_comm": layers.TensorParallel_Layer.tp_overlap_comm,
@@ -89,6 +97,25 @@ def _attribute(root, path: str):
     for part in path.split("."):
         root = getattr(root, part, None)
     return root
+
+
+def rank_decisions(engine, head) -> dict:
+    """What DeepSpeed decided on THIS rank, read from DeepSpeed itself (issue 13 item 3): its TP rank
+    and size, the members of its TP and data-parallel groups, the engine's data-parallel size, and a
+    vocabulary-parallel head's own [vocab_start, vocab_end). The parent checks each rank's against the
+    suite's formulas (parity.observe.partition) and the ranks against each other."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    tp_group, dp_group = groups.get_tensor_model_parallel_group(), groups.get_data_parallel_group()
+    found = {"tp_rank": groups.get_tensor_model_parallel_rank(),
+             "tp_world": groups.get_tensor_model_parallel_world_size(),
+             "tp_group": sorted(dist.get_process_group_ranks(tp_group)),
+             "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
+             "engine_dp_world": int(engine.dp_world_size)}
+    if hasattr(head, "vocab_start_index"):
+        found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
+    return found
 
 
 def reports_grad_norm(values: dict) -> bool:
@@ -247,6 +274,7 @@ class EngineHead(Subject):
         return cfg
 
     clean_state = CLEAN_STATE
+    records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def requires(self, values):
         return super().requires(values) + engine_dtype_requirements(values)
@@ -294,6 +322,7 @@ class EngineHead(Subject):
                                              for path in self.claims(values).module_types}
                 obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
                                               for a, b in self.claims(values).shared_params}
+                obs.facts["rank_decisions"] = rank_decisions(engine, _attribute(model, values.get("head", "lm_head")))
                 params = dict(model.named_parameters())
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}
@@ -303,7 +332,7 @@ class EngineHead(Subject):
                 for step in range(train.steps):
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                    num_items = count_items(batches, spec.ignore_index)
+                    num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
                     for micro, batch in enumerate(batches):
                         before = len(backend_log)
                         # Collectives of the head and loss, forward and backward, this micro-batch
@@ -313,7 +342,9 @@ class EngineHead(Subject):
                             backends[(step, micro)] = backend_log[before:]
                             obs.record("logits", step, micro, None, logits)
                             obs.record("loss", step, micro, None, loss)
-                            engine.backward(loss.sum() if spec.reduction == "none" else loss)
+                            # As the HF Trainer drives DeepSpeed: its own loss scaling
+                            # (references/trajectory.py trainer_objective), the engine's 1/GAS off.
+                            engine.backward(trainer_objective(loss, train, spec.reduction), scale_wrt_gas=False)
                         comm[(step, micro)] = dict(counts)
                         obs.record("head_input_grad", step, micro, None, captured.pop("h"))
                         if engine.is_gradient_accumulation_boundary():

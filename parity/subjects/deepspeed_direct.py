@@ -14,8 +14,8 @@ size, ``install_tp_groups``) and wraps the copy's head in the layer the engine w
 - ``direct_row_parallel``: ``LinearAllreduceWithReplicatedInput(head, group)``; weight sharded along
   hidden, bias replicated, full logits after the all-reduce, the suite's CE on top.
 
-Training follows references/trajectory.py exactly, with no engine: each micro-batch loss (the sum
-of per-token losses for "none") is divided by the accumulation count before backward; the step
+Training follows references/trajectory.py exactly, with no engine: each micro-batch loss is scaled
+as the HF Trainer does (trajectory.trainer_objective: 1/GAS, or x dp for num_items); the step
 gradient is what autograd accumulated in ``p.grad`` (in the parameter's dtype); plain
 ``torch.optim.SGD`` in fp32; in bf16 a float32 master copy per parameter, ``master -= lr * grad``
 then cast back (references/sgd.py, as DeepSpeed's bf16 optimizer does). Records are the engine
@@ -31,8 +31,8 @@ from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
-from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
+from references.trajectory import step_num_items, trainer_objective
 
 DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
                "head": None, "ignore": None, "gas": None, "tp": None, "device": None}
@@ -97,13 +97,12 @@ class DirectHead(Subject):
                 model.zero_grad(set_to_none=True)
                 batches = [{k: t.to(ctx.device) for k, t in b.items()}
                            for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                num_items = count_items(batches, spec.ignore_index)
+                num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
                 for micro, batch in enumerate(batches):
                     before = len(backend_log)
                     loss, logits = model(**batch, num_items_in_batch=num_items)
                     backends[(step, micro)] = backend_log[before:]
-                    scalar = loss.sum() if spec.reduction == "none" else loss
-                    (scalar / train.micro_batches).backward()
+                    trainer_objective(loss, train, spec.reduction).backward()
                     obs.record("logits", step, micro, None, logits)
                     obs.record("loss", step, micro, None, loss)
                     obs.record("head_input_grad", step, micro, None, captured.pop("h"))

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from parity.subjects.base import Claims, RankContext, Subject
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, install_tp_groups, reset_deepspeed_state,
-                                              setup_deepspeed)
+from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
+                                              reset_deepspeed_state, setup_deepspeed)
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, build_model
 from references.trajectory import TrainingSpec
@@ -189,6 +190,16 @@ CE_VARIANTS = {
 VARIANTS = ("none", *ENGINE_VARIANTS, *CE_VARIANTS)
 
 
+def _engine_state(model) -> dict:
+    """The model the user passed to deepspeed.initialize, and AutoTP's process-global switches."""
+    return model_state(model, loss_function=loss_function_repr(model), **deepspeed_process_state())
+
+
+def _call_state(inputs: dict) -> dict:
+    state = {f"input[{k}]": (tuple(t.shape), str(t.dtype), tensor_digest(t)) for k, t in inputs.items()}
+    return {**state, **{f"extra[{k}]": repr(v) for k, v in deepspeed_process_state().items()}}
+
+
 def _vocab(value, tp: int) -> int:
     return value(tp) if callable(value) else value
 
@@ -229,6 +240,10 @@ class DeepSpeedRejection(Subject):
         setup_deepspeed(ctx)
         return reset_deepspeed_state()
 
+    def records_state_after_rejection(self, values) -> bool:
+        # Every variant: the model (engine variants) or the CE's inputs, and AutoTP's process switches.
+        return True
+
     def run_rank(self, values, ctx):
         setup_deepspeed(ctx)
         name = values["variant"]
@@ -248,8 +263,14 @@ class DeepSpeedRejection(Subject):
         config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32"}, train)
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
+        before = _engine_state(model)
+        try:
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
+        except Exception as exc:
+            # The user still holds ``model``: what the refused call left of it is part of the verdict.
+            exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
+            raise
         try:
             if variant.probe_logits:
                 ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
@@ -284,11 +305,20 @@ class DeepSpeedRejection(Subject):
         if variant.fused:
             hidden = torch.randn(TOKENS, 16, generator=gen)
             weight = torch.randn(vocab, 16, generator=gen)[part].contiguous()
-            vocab_parallel_linear_cross_entropy(hidden.to(ctx.device), weight.to(ctx.device),
-                                                targets.to(ctx.device), **kwargs)
+            inputs = {"hidden": hidden.to(ctx.device), "weight": weight.to(ctx.device),
+                      "target": targets.to(ctx.device)}
+            call = vocab_parallel_linear_cross_entropy
         else:
             logits = torch.randn(TOKENS, vocab, generator=gen)[:, part].contiguous()
-            vocab_parallel_cross_entropy(logits.to(ctx.device), targets.to(ctx.device), **kwargs)
+            inputs = {"vocab_parallel_logits": logits.to(ctx.device), "target": targets.to(ctx.device)}
+            call = vocab_parallel_cross_entropy
+        before = _call_state(inputs)
+        try:
+            call(**inputs, **kwargs)
+        except Exception as exc:
+            # A refused call must not have written into its inputs (the CE works in place on some paths).
+            exc.parity_facts = {"state_before": before, "state_after": _call_state(inputs)}
+            raise
 
 
 SUBJECTS = [DeepSpeedRejection()]

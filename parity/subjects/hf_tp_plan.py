@@ -44,11 +44,10 @@ import torch
 from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
-from references.data import count_items
 from references.loss import causal_lm_loss
 from references.seeding import seeded
 from references.sgd import SGD
-from references.trajectory import Trajectory
+from references.trajectory import Trajectory, step_num_items, trainer_objective
 
 HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ignore": None, "zero": (0, 1, 2),
            "gas": None, "tp": (2,), "device": None}
@@ -143,12 +142,12 @@ class HFPlanHead(EngineHead):
         for step in range(train.steps):
             model.zero_grad(set_to_none=True)
             batches = train.batches(step, 0, spec.vocab, spec.ignore_index)
-            num_items = count_items(batches, spec.ignore_index)
+            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
             for micro, batch in enumerate(batches):
                 logits = model(input_ids=batch["input_ids"]).logits
                 loss = causal_lm_loss(logits, batch["labels"], reduction=spec.reduction,
                                       ignore_index=spec.ignore_index, num_items_in_batch=num_items)
-                (loss / train.micro_batches).backward()
+                trainer_objective(loss, train, spec.reduction).backward()
                 traj.put("logits", step, micro, 0, None, logits)
                 traj.put("loss", step, micro, 0, None, loss)
                 traj.put("head_input_grad", step, micro, 0, None, captured.pop("h"))

@@ -39,8 +39,8 @@ from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
-from references.data import count_items
 from references.tiny_lm import build_model, capture_head_input_grad
+from references.trajectory import step_num_items, trainer_objective
 
 MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
                  "ignore": None, "gas": None, "tp": None, "device": None}
@@ -179,12 +179,11 @@ class MegatronHead(Subject):
             model.zero_grad(set_to_none=True)
             batches = [{k: t.to(ctx.device) for k, t in b.items()}
                        for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-            num_items = count_items(batches, spec.ignore_index)
+            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
             for micro, batch in enumerate(batches):
                 with collectives.recording() as counts:
                     loss, logits = self.forward(model, batch, num_items)
-                    scalar = loss.sum() if spec.reduction == "none" else loss
-                    (scalar / train.micro_batches).backward()
+                    trainer_objective(loss, train, spec.reduction).backward()
                 obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
                 obs.record("logits", step, micro, None, logits)
                 obs.record("loss", step, micro, None, loss)

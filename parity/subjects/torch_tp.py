@@ -31,7 +31,7 @@ from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
-from references.data import count_items
+from references.trajectory import step_num_items, trainer_objective
 from references.tiny_lm import build_model, capture_head_input_grad
 
 TORCH_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -157,12 +157,11 @@ class TorchTPHead(Subject):
             model.zero_grad(set_to_none=True)
             batches = [{k: t.to(ctx.device) for k, t in b.items()}
                        for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-            num_items = count_items(batches, spec.ignore_index)
+            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
             for micro, batch in enumerate(batches):
                 with collectives.recording() as counts, self.loss_context():
                     loss, logits = self.forward(model, batch, num_items)
-                    scalar = loss.sum() if spec.reduction == "none" else loss
-                    (scalar / train.micro_batches).backward()
+                    trainer_objective(loss, train, spec.reduction).backward()
                 obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
                 obs.record("logits", step, micro, None, _local(logits))
                 obs.record("loss", step, micro, None, _local(loss))
@@ -249,7 +248,7 @@ class TorchVocabParallelHead(TorchTPHead):
         if spec.reduction == "none":
             return loss.view(labels.shape)[..., :-1]
         if spec.reduction == "num_items":
-            return loss / max(int(num_items), 1)
+            return loss / int(num_items)  # as transformers' fixed_cross_entropy: unguarded, 0/0 = nan
         return loss
 
     def claims(self, values):

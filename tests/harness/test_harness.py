@@ -99,6 +99,21 @@ def test_expected_rejection_passes_and_wrong_message_fails(runner, cases):
     assert verdict.status == FAILED and "expected ValueError" in verdict.reason
 
 
+def test_a_rejection_must_leave_the_model_as_it_was(runner, cases):
+    # Item 4 of issue 13: after the expected error, what the user holds is checked; a model changed
+    # (half-converted) or a process switch flipped on one rank fails, and so does an unrecorded aftermath.
+    clean = runner.run(cases["faulty_rejects_none/planted rejection"])
+    assert clean.status == PASSED and "untouched" in clean.reason
+    for plant, check in (("convert", "state_after_rejection"), ("switch", "process_state_after_rejection")):
+        verdict = runner.run(cases[f"faulty_rejects_{plant}/planted rejection"])
+        failed = {(c.name, c.rank) for c in verdict.failed_checks}
+        assert verdict.status == FAILED and failed == {(check, 1)}, (plant, verdict.reason)
+    converted = runner.run(cases["faulty_rejects_convert/planted rejection"])
+    assert "param[lm_head.weight]" in converted.reason  # the verdict names what changed
+    unrecorded = runner.run(cases["faulty_rejects_unrecorded/planted rejection"])
+    assert unrecorded.status == FAILED and "recorded no state" in unrecorded.reason
+
+
 def test_cli_run_reports_and_exits_nonzero(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--matrix", str(FAULTY),
                            "-k", "(dropped_allreduce and v35) or always_rejects", "--report", str(tmp_path)],

@@ -75,7 +75,7 @@ def test_markers_and_world_size(tmp_path):
      "matrix[0].known_divergence.repro", "no such file", None),
     ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.expect]\nerror = "ValueError"\n[matrix.known_divergence]\n'
      'reason = "x"\nrepro = "README.md"\nchecks = ["loss"]\n', "matrix[0].known_divergence.checks",
-     "not allowed with expect.error", None),
+     "['loss'] not allowed with expect.error", None),
     ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nrepro = "README.md"\n',
      "matrix[0].known_divergence.reason", "required", None),
     ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "x"\nrepro = "README.md"\nwhy = 1\n',

@@ -72,10 +72,40 @@ def test_num_items_divides_the_sum():
                        causal_lm_loss(logits, labels, "sum") / 7)
 
 
-def test_all_ignored_mean_is_zero_not_nan():
-    logits = torch.randn(1, 4, 9)
+@pytest.mark.parametrize("reduction", ["mean", "num_items"])
+def test_all_ignored_is_nan_with_zero_gradient_as_in_torch(reduction):
+    # torch's F.cross_entropy mean (HF's ForCausalLMLoss) and transformers' fixed_cross_entropy with
+    # num_items_in_batch 0 both give 0/0 = nan and a zero gradient; DeepSpeed's 0 is a divergence.
+    logits = torch.randn(1, 4, 9, requires_grad=True)
     labels = torch.full((1, 4), -100)
-    assert causal_lm_loss(logits, labels, "mean").item() == 0.0
+    loss = causal_lm_loss(logits, labels, reduction, num_items_in_batch=0)
+    loss.backward()
+    flat, shifted = logits.detach()[:, :-1].reshape(-1, 9).requires_grad_(), labels[:, 1:].reshape(-1)
+    plain = (torch.nn.functional.cross_entropy(flat, shifted) if reduction == "mean"
+             else torch.nn.functional.cross_entropy(flat, shifted, reduction="sum") / torch.tensor(0))
+    plain.backward()
+    assert torch.isnan(loss) and torch.isnan(plain)
+    assert torch.equal(logits.grad, torch.zeros_like(logits)) and torch.equal(flat.grad, torch.zeros_like(flat))
+
+
+def test_num_items_step_gradient_is_the_global_token_mean_over_data_parallel_ranks():
+    # What the HF Trainer gives by default (average_tokens_across_devices): every token of the step,
+    # on every data-parallel rank, weighs 1/N with N counted over all of them; computed here with
+    # torch's own cross entropy over the concatenated batches, in float64.
+    spec, train = ModelSpec(34, 32, reduction="num_items"), TrainingSpec(steps=1, dp=2, micro_batches=2)
+    traj = train_reference(spec, train, torch.float32, torch.float64)
+    model = build_model(spec, train.seed, torch.float32).double()
+    logits, labels = [], []
+    for dp_rank in range(train.dp):
+        for batch in train.batches(0, dp_rank, spec.vocab, spec.ignore_index):
+            _, out = model(batch["input_ids"])
+            logits.append(out[:, :-1].reshape(-1, spec.vocab))
+            labels.append(batch["labels"][:, 1:].reshape(-1))
+    labels = torch.cat(labels)
+    loss = torch.nn.functional.cross_entropy(torch.cat(logits), labels, reduction="sum") / (labels != -100).sum()
+    loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(traj.get("grad", 0, None, None, name), p.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_tied_model_shares_one_parameter():

@@ -1,0 +1,103 @@
+"""DeepSpeed 0.19.8: a refused deepspeed.initialize leaves the user's model half-converted.
+
+AutoTP shards the model in place before some of its validations run. When one of those fails the
+engine raises, but the model the user still holds already has its head swapped for a sharded layer:
+`lm_head` is a `VocabParallelLinear` (or `LinearLayer`) holding this rank's [V/P, H] slice; its
+state_dict, its shapes and its forward are no longer those of the model that was passed in, and a
+user who catches the error (or a launcher that retries with another config) trains or saves the
+half-converted model without a word. Two refusals show it:
+- `vocab_parallel_lm_head: true` on a model without a writable `loss_function` ("requires ... a
+  writable loss_function"): the head is already vocabulary-parallel when the ValueError is raised;
+- `vocab_parallel_ce_backend: "liger"` with a column-gathered head spec (no vocabulary-parallel head):
+  the head is already a gathered column-parallel LinearLayer.
+Plain PyTorch/HF: a constructor that raises leaves its argument as it was.
+
+Run (CPU, 2 processes over gloo, about 30 s):
+python ci/repro/deepspeed_rejected_initialize_converts_model.py
+Exit status 1 while a refused initialize modifies the model, 0 once the model is left untouched.
+"""
+import importlib
+import os
+import socket
+import sys
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+TP, VOCAB, HIDDEN = 2, 34, 32
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+        self.proj = nn.Linear(HIDDEN, HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB)
+        self.loss_function = None
+
+    def forward(self, input_ids):
+        return self.lm_head(torch.tanh(self.proj(self.embed_tokens(input_ids))))
+
+
+class NoLossFunctionLM(TinyLM):
+    def __init__(self):
+        super().__init__()
+        del self.loss_function  # the engine cannot install its vocabulary-parallel loss
+
+
+def config(tensor_parallel):
+    specs = [{"patterns": [r"proj\.weight$"], "partition_type": "skip"}]
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+            "zero_optimization": {"stage": 0},
+            "tensor_parallel": {"autotp_size": TP, **tensor_parallel,
+                                "partition_config": {"use_default_specs": False, "layer_specs": specs}}}
+
+
+REFUSALS = {
+    "vocab_parallel_lm_head without a writable loss_function":
+        (NoLossFunctionLM, config({"vocab_parallel_lm_head": True})),
+    "liger backend without a vocab-parallel head":
+        (TinyLM, config({"vocab_parallel_ce_backend": "liger"})),
+}
+REFUSALS["liger backend without a vocab-parallel head"][1]["tensor_parallel"]["partition_config"]["layer_specs"].append(
+    {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True})
+
+
+def rank_main(rank, port, result):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    for what, (build, cfg) in REFUSALS.items():
+        torch.manual_seed(0)
+        model = build()
+        before = (type(model.lm_head).__name__, tuple(model.state_dict()["lm_head.weight"].shape))
+        try:
+            deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), config=cfg)
+            outcome = "accepted"
+        except (ValueError, NotImplementedError) as exc:
+            outcome = f"{type(exc).__name__}: {str(exc)[:90]}"
+        after = (type(model.lm_head).__name__, tuple(model.state_dict()["lm_head.weight"].shape))
+        logits = model(torch.tensor([[1, 2, 3]]))  # the model still runs: a user can keep training it
+        if rank == 0:
+            result[what] = (outcome, before, after, tuple(logits.shape))
+
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = mp.Manager().dict()
+    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    converted = []
+    for what, (outcome, before, after, logits) in result.items():
+        print(f"{what}:\n  initialize -> {outcome}\n  lm_head before: {before[0]} weight {before[1]}; "
+              f"after: {after[0]} weight {after[1]}; the model's forward still gives logits {logits}")
+        if before != after:
+            converted.append(what)
+    print(f"HALF-CONVERTED after a refused initialize: {converted}" if converted else "models left untouched")
+    sys.exit(1 if converted else 0)

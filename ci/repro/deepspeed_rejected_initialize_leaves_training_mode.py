@@ -1,0 +1,62 @@
+"""DeepSpeed 0.19.8: a refused deepspeed.initialize leaves AutoTP's process-global training mode on.
+
+deepspeed.initialize calls `set_autotp_mode(training=True)` (deepspeed/__init__.py:552) before the
+tensor-parallel config is validated, and nothing sets it back when the engine then raises. The
+switch is a module global (module_inject/layers.py:35) that later, unrelated calls in the same
+process read: `deepspeed.init_inference` never resets it, and in training mode it skips kernel
+injection and the mp-checkpoint save (replace_module.py:333, :489), and directly built AutoTP layers
+keep requires_grad. A refusal that a user catches (or a launcher that retries) changes what the
+process does next. (A successful training initialize leaves it on too; that is its design. The
+finding is the refusal: the call did nothing the user can use, yet changed process state.)
+
+Run (CPU, 2 processes over gloo, about 20 s; `tp.tp_size` != `autotp_size` is refused with a ValueError):
+python ci/repro/deepspeed_rejected_initialize_leaves_training_mode.py
+Exit status 1 while the refused initialize leaves training mode on, 0 once it is left as it was.
+"""
+import importlib
+import os
+import socket
+import sys
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+TP = 2
+
+
+def rank_main(rank, port, result):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
+    import deepspeed
+    from deepspeed.module_inject.layers import is_autotp_training_mode
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = nn.Sequential(nn.Linear(8, 8))
+    model.lm_head = nn.Linear(8, 10)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": {"stage": 0},
+           "tensor_parallel": {"autotp_size": TP, "tp": {"tp_size": TP + 1},
+                               "partition_config": {"use_default_specs": False, "layer_specs": [
+                                   {"patterns": [r"lm_head\.weight$"], "partition_type": "column",
+                                    "gather_output": True}]}}}
+    before = is_autotp_training_mode()
+    try:
+        deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                             optimizer=lambda p: torch.optim.SGD(p, lr=0.1), config=cfg)
+        outcome = "accepted"
+    except Exception as exc:  # noqa: BLE001 - any refusal will do; the point is what it left
+        outcome = f"{type(exc).__name__}: {str(exc)[:100]}"
+    if rank == 0:
+        result.update(outcome=outcome, before=before, after=is_autotp_training_mode())
+
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = mp.Manager().dict()
+    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    print(f"initialize -> {result['outcome']}")
+    print(f"AutoTP training mode before: {result['before']}, after the refused call: {result['after']}")
+    sys.exit(1 if result["after"] != result["before"] else 0)

@@ -1,0 +1,36 @@
+"""Where unsharded torch gives nan (its 0/0 for a mean over all-ignored targets), a subject must give
+nan at exactly those places: a number there fails, and so does a nan anywhere else."""
+import numpy as np
+
+from parity.checks.compare import Comparison
+
+
+def judge(got, oracle, kind="close"):
+    c = object.__new__(Comparison)  # only the dtype and the check list are needed
+    c.dtype, c.checks = "fp32", []
+    if kind == "close":
+        c.close("loss", np.array(got), np.array(oracle), np.array(oracle))
+    else:
+        c.exact("loss", np.array(got), np.array(oracle))
+    return c.checks[0]
+
+
+def test_nan_where_torch_gives_nan_passes():
+    assert judge([np.nan, 1.0], [np.nan, 1.0]).passed
+    assert judge([np.nan, 1.0], [np.nan, 1.0], "exact").passed
+
+
+def test_a_number_where_torch_gives_nan_fails():
+    check = judge([0.0, 1.0], [np.nan, 1.0])
+    assert not check.passed and "a number where it gives nan (1)" in check.detail
+    assert not judge([0.0, 1.0], [np.nan, 1.0], "exact").passed
+
+
+def test_nan_where_torch_gives_a_number_fails():
+    check = judge([np.nan, 1.0], [2.0, 1.0])
+    assert not check.passed and "nan where unsharded torch gives a number (1)" in check.detail
+    assert not judge([np.nan, 1.0], [2.0, 1.0], "exact").passed
+
+
+def test_the_finite_rest_is_still_held_to_its_bound():
+    assert not judge([np.nan, 1.5], [np.nan, 1.0]).passed
