@@ -31,13 +31,14 @@ and the file's value order, so the same file gives the same ids in the same orde
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity.matrix.axes import AXES
+from parity.matrix.axes import AXES, UNIVERSAL_AXES
 from parity.subjects import SUBJECTS
 
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
@@ -118,8 +119,14 @@ class Case:
                 "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
 
 
+def subject_axes(subject) -> dict:
+    """The axes a subject's cases vary: its own, in its order, then the universal ones (seed)."""
+    return {**subject.axes, **{a: None for a in UNIVERSAL_AXES if a not in subject.axes}}
+
+
 def case_id(subject: str, values: dict) -> str:
-    shown = [a for a in SUBJECTS[subject].axes if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
+    shown = [a for a in subject_axes(SUBJECTS[subject])
+             if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
     return "-".join([subject] + [AXES[a].label(values[a]) for a in shown])
 
 
@@ -144,11 +151,12 @@ def _rules(path, where, rules, subject) -> list[dict]:
         entry = {}
         for axis_name, raw in rule.items():
             key = f"{where}[{i}].{axis_name}"
-            if axis_name not in subject.axes:
-                raise CaseFileError(path, key, f"unknown axis for subject '{subject.name}'", ", ".join(subject.axes))
+            if axis_name not in subject_axes(subject):
+                raise CaseFileError(path, key, f"unknown axis for subject '{subject.name}'",
+                                    ", ".join(subject_axes(subject)))
             values = _as_list(raw)
             for v in values:
-                _check_value(path, key, axis_name, subject.axes[axis_name], v)
+                _check_value(path, key, axis_name, subject_axes(subject)[axis_name], v)
             entry[axis_name] = values
         checked.append(entry)
     return checked
@@ -174,18 +182,18 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     if not isinstance(axes_table, dict):
         raise CaseFileError(path, f"{where}.axes", "must be a table of axis = [values]")
     choices = {}
-    for axis_name in subject.axes:
+    for axis_name in subject_axes(subject):
         raw = axes_table.get(axis_name, subject.defaults.get(axis_name, AXES[axis_name].default))
         values = _as_list(raw)
         if not values:
             raise CaseFileError(path, f"{where}.axes.{axis_name}", "empty list of values")
         for v in values:
-            _check_value(path, f"{where}.axes.{axis_name}", axis_name, subject.axes[axis_name], v)
+            _check_value(path, f"{where}.axes.{axis_name}", axis_name, subject_axes(subject)[axis_name], v)
         choices[axis_name] = values
     for axis_name in axes_table:
-        if axis_name not in subject.axes:
+        if axis_name not in subject_axes(subject):
             raise CaseFileError(path, f"{where}.axes.{axis_name}", f"unknown axis for subject '{subject_name}'",
-                                ", ".join(subject.axes))
+                                ", ".join(subject_axes(subject)))
 
     excludes = _rules(path, f"{where}.exclude", table.get("exclude", []), subject)
     onlys = _rules(path, f"{where}.only", table["only"], subject) if "only" in table else None
@@ -321,6 +329,41 @@ def load(paths=None) -> list[Case]:
     return _unique([c for f in files for c in load_file(f)])
 
 
+def at_seed(case: Case, seed: int) -> Case:
+    """The same case at another seed (initial weights and data): the seed axis replaced, the id
+    rebuilt from it (seed 0, the default, keeps the id the case file gives)."""
+    if not AXES["seed"].accepts(seed):
+        raise SelectionError(f"bad seed {seed!r}: {AXES['seed'].allowed()}")
+    values = {**case.values, "seed": seed}
+    return dataclasses.replace(case, id=case_id(case.subject, values), axes=tuple(values.items()))
+
+
+def at_seeds(cases, seeds) -> list[Case]:
+    """Every case at every seed, seed-major: all cases at the first seed, then the next, so cases
+    sharing a reference_key meet in the reference cache while their seed's references are in it."""
+    return [at_seed(c, s) for s in seeds for c in cases]
+
+
+def _seeded_case(by_id: dict, case_id_: str) -> Case | None:
+    """A case file's case at a seed other than its own, named by the id a seeded run gave it (the
+    seed label comes last, the seed axis being universal), so a seeded failure's reproducer
+    `parity run --case ID-seedN` works without --seed."""
+    base, sep, seed = case_id_.rpartition("-seed")
+    if sep and seed.isdigit() and base in by_id and by_id[base].values.get("seed", 0) == 0:
+        return at_seed(by_id[base], int(seed))
+    return None
+
+
+def seed_list(seed: int | None, seeds: int | None) -> list[int] | None:
+    """`parity run --seed N` -> [N]; `--seeds K` -> [0, ..., K-1] (0 is the default seed, so a K-seed
+    run contains the plain run); neither -> None (each case at the seed its case file gives)."""
+    if seed is not None and seeds is not None:
+        raise SelectionError("--seed and --seeds both pick the seeds: give one of them")
+    if seed is not None:
+        return [seed]
+    return list(range(seeds)) if seeds is not None else None
+
+
 def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None):
     """The cases a command line picks: by device, then exact ids (in the order given) or a -k expression.
     Shared by `parity list/run`, the torchrun launcher and pytest-free tools, so they all agree."""
@@ -328,10 +371,11 @@ def select(cases, keyword: str | None, case_ids: list[str] | None, device: str |
         cases = [c for c in cases if c.values.get("device", "cpu") == device]
     if case_ids:
         by_id = {c.id: c for c in cases}
-        unknown = [i for i in case_ids if i not in by_id]
+        found = [by_id.get(i) or _seeded_case(by_id, i) for i in case_ids]
+        unknown = [i for i, c in zip(case_ids, found) if c is None]
         if unknown:
             raise SelectionError(f"no case with id {unknown[0]!r} (see `parity list`)")
-        return [by_id[i] for i in case_ids]
+        return found
     if keyword:
         # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
         from _pytest.mark import expression

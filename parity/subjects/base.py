@@ -14,6 +14,18 @@ from references.tiny_lm import ModelSpec
 from references.trajectory import TrainingSpec
 
 
+# The seed axis (parity/matrix/axes.py) picks a draw of initial weights and data. Seed 0 is each
+# subject's historical base seed, so the default matrix keeps its ids and its numbers; seed N moves
+# the base by N * SEED_STRIDE. The stride keeps draws apart from streams a subject derives from its
+# seed by small offsets (the loss-only subjects' Hessian-vector direction uses seed + 1).
+SEED_STRIDE = 1000
+
+
+def case_seed(base: int, values: dict) -> int:
+    """The seed a case's model and data are drawn from: ``base`` moved by its seed axis."""
+    return base + SEED_STRIDE * values.get("seed", 0)
+
+
 @dataclass(frozen=True)
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
@@ -95,7 +107,8 @@ class Subject(ABC):
         return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
 
     def training_spec(self, values: dict) -> TrainingSpec:
-        return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),
+        return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values.get("gas", 2),
+                            ignore=values.get("ignore", "scattered"),
                             dp=values.get("dp", 1), clip=values.get("clip", 0.0))
 
     @abstractmethod
