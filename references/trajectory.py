@@ -49,9 +49,14 @@ class Trajectory:
     used), logits / loss / head_input_grad (per micro-batch and data-parallel rank).
     """
     records: dict = field(default_factory=dict)
+    # The same keys -> (dtype, shape) of the tensor as plain torch held it, before the float64 copy:
+    # what a subject's tensor at that point must match (parity/checks/contract.py).
+    layouts: dict = field(default_factory=dict)
 
     def put(self, kind, step, micro, dp_rank, name, tensor):
-        self.records[(kind, step, micro, dp_rank, name)] = tensor.detach().to(torch.float64).clone()
+        key = (kind, step, micro, dp_rank, name)
+        self.records[key] = tensor.detach().to(torch.float64).clone()
+        self.layouts[key] = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
 
     def get(self, kind, step, micro, dp_rank, name):
         return self.records[(kind, step, micro, dp_rank, name)]

@@ -86,5 +86,15 @@ class AlwaysRejects(ColumnGatheredHead):
         raise ValueError(f"planted rejection on rank {ctx.rank}")
 
 
+class Float32Logits(ColumnGatheredHead):
+    """Hands back its logits upcast to float32 in a bf16 case: every value is the bf16 one exactly, so
+    every bound holds; only the precision contract (parity/checks/contract.py) can see it."""
+    name = "faulty_fp32_logits"
+
+    def forward(self, engine, batch, num_items, spec):
+        loss, logits = super().forward(engine, batch, num_items, spec)
+        return loss, logits.float()
+
+
 SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(),
-            LeavesStateBehind(), AlwaysRejects()]
+            LeavesStateBehind(), AlwaysRejects(), Float32Logits()]

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from parity.observe.partition import shard_slice, split_sizes
+from parity.checks.contract import contract_checks
 from parity.checks.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -116,6 +117,8 @@ class Comparison:
                 self.check_collectives(step, micro)
             self.check_step(step)
         self.check_replicas_agree()
+        for check in contract_checks(self.obs, self.reference, self.claims.micro_records):  # precision, placement
+            self.add(**check)
         return self.checks
 
     def check_claims(self) -> None:

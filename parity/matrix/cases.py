@@ -20,6 +20,9 @@ A file holds one or more ``[[matrix]]`` tables:
     checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
     raises = "RuntimeError: fragment"   # or: the subject crashes here; some rank must raise this ("Type: message"
                                         # fragment), the others may only lose their peer; checks then unused
+    [[matrix.known_divergence]]         # or several, each limited to the cases it names:
+    where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
+                                        # than one gets them merged (reasons and repros joined, checks united)
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
@@ -44,7 +47,7 @@ from parity.subjects import SUBJECTS
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
                "collectives")
 EXPECT_KEYS = ("error", "match")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
@@ -208,10 +211,20 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         raise CaseFileError(path, f"{where}.expect.match", "given without expect.error")
     expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
 
-    divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
-    if divergence and expect.is_error and divergence.checks:
-        # A rejection that does not happen is the whole divergence: there are no checks to name.
-        raise CaseFileError(path, f"{where}.known_divergence.checks", "not allowed with expect.error")
+    raw_divergences = table.get("known_divergence")
+    if isinstance(raw_divergences, list):
+        keyed = [(f"{where}.known_divergence[{i}]", d) for i, d in enumerate(raw_divergences)]
+    else:
+        keyed = [] if raw_divergences is None else [(f"{where}.known_divergence", raw_divergences)]
+    divergences = []
+    for key, raw in keyed:
+        scope = raw.get("where") if isinstance(raw, dict) else None
+        rule = _rules(path, f"{key}.where", [scope], subject)[0] if scope is not None else None
+        divergence = _divergence(path, key, raw)
+        if divergence and expect.is_error and divergence.checks:
+            # A rejection that does not happen is the whole divergence: there are no checks to name.
+            raise CaseFileError(path, f"{key}.checks", "not allowed with expect.error")
+        divergences.append((rule, divergence))
 
     declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
     if declared and expect.is_error:
@@ -228,6 +241,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
             continue
         if onlys is not None and not any(_matches(r, values) for r in onlys):
             continue
+        divergence = _merged(path, where, [d for rule, d in divergences if rule is None or _matches(rule, values)])
         cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
                           expect=expect, source=f"{path}:{where}", divergence=divergence, collectives=declared,
                           markers=tuple(subject.markers(values)) + tuple(markers)))
@@ -264,6 +278,16 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     if not isinstance(raises, str) or ("raises" in table and ": " not in raises):
         raise CaseFileError(path, f"{where}.raises", f"bad value {raises!r}", "'ExceptionType: message fragment'")
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises)
+
+
+def _merged(path, where, found: list) -> KnownDivergence | None:
+    """One case under several documented divergences: each may explain its checks."""
+    if len(found) <= 1:
+        return found[0] if found else None
+    if any(d.raises for d in found):
+        raise CaseFileError(path, f"{where}.known_divergence", "a crash divergence (raises) cannot overlap another")
+    checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
+    return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks)
 
 
 def _collectives(path, where, table) -> tuple:
