@@ -104,6 +104,8 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         optimizer.step(step_grads)
         for name, p in params.items():
             traj.put("weight", step, None, None, name, p)
+            if optimizer.master is not None:  # low precision: the float32 copy the next update starts from
+                traj.put("master_weight", step, None, None, name, optimizer.master[name])
     return traj
 
 

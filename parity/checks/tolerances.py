@@ -56,6 +56,15 @@ def parity_bound(dtype_name: str, reference_error: float, scale: float) -> Bound
     return Bound(value, reference_error, scale)
 
 
+def master_weight_bound(reference_error: float, scale: float) -> Bound:
+    """A low-precision case's float32 master weights (DeepSpeed's bf16/fp16 optimizers, the reference's
+    SGD): the same form as parity_bound, with the floor in float32 units, since the master is float32
+    whatever the model dtype; the low-precision gradients it has absorbed are in reference_error (the
+    reference's master absorbed gradients of the same precision). A case-dtype floor would be 16 bf16
+    units: wide enough to hide a master rounded to bf16 after every step."""
+    return parity_bound("fp32", reference_error, scale)
+
+
 def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False) -> float:
     if dtype_name == "fp32" and not clipped:
         return 0.0

@@ -119,6 +119,12 @@ class Subject(ABC):
     def run_rank(self, values: dict, ctx: RankContext):
         """Runs inside rank process ``ctx.rank``; returns parity.observe.observations.RankObservations."""
 
+    def records_master_weights(self, values: dict) -> bool:
+        """Whether this case's ranks record ("master_weight", step, None, name) after each update: the
+        optimizer's float32 copy of each parameter (parity/checks/master_weights.py holds them to the
+        reference's)."""
+        return False
+
     def reset_process_state(self, ctx: RankContext) -> dict:
         """Undo process-global state a previous case may have left; return a snapshot proving it."""
         return {}

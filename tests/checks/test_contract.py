@@ -91,3 +91,27 @@ def test_float32_logits_from_a_bf16_head_fail_end_to_end():
     assert verdict.status == FAILED, verdict.explain()
     assert {c.name for c in verdict.failed_checks} == {"contract[logits]"}, verdict.explain()
     assert "dtype float32, reference bfloat16" in verdict.failed_checks[0].detail
+
+
+def test_a_master_rounded_to_bf16_after_every_update_fails_the_master_weight_check(monkeypatch):
+    """FP16_UnfusedOptimizer with its float32 master rounded to bf16 after each step (the mutant
+    unfused_master_in_model_dtype): the bf16 weights stay within their bound, the master does not."""
+    from parity.harness.runner import Runner
+    from parity.matrix.cases import load
+    from parity.mutation.catalog import ENV_VAR
+
+    case = next(c for c in load() if c.id == "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2"
+                                              "-tp2-cpu")
+    verdicts = {}
+    for mutant in ("", "unfused_master_in_model_dtype"):
+        monkeypatch.setenv(ENV_VAR, mutant)  # read by the ranks this Runner spawns
+        runner = Runner(timeout_s=120)
+        try:
+            verdicts[mutant] = runner.run(case)
+        finally:
+            runner.close()
+    honest, mutated = verdicts[""], verdicts["unfused_master_in_model_dtype"]
+    assert any(c.name.startswith("master_weight[") for c in honest.checks)
+    assert not [c for c in honest.failed_checks if c.name.startswith("master_weight[")], honest.explain()
+    failed = {c.name.split("[")[0] for c in mutated.failed_checks}
+    assert "master_weight" in failed and "weight" not in failed, mutated.explain()
