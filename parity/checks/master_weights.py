@@ -28,6 +28,8 @@ def master_weight_checks(comparison) -> list[dict]:
                                              rank, ref_traj)
                 orc = comparison._param_view(name, oracle.get("weight", step, None, None, name).numpy(), rank,
                                              ref_traj)
+                start = comparison._param_view(name, oracle.get("weight", -1, None, None, name).numpy(), rank,
+                                               ref_traj)
                 got = o.get("master_weight", step, None, name)
                 where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
                 if got is None or got.shape != orc.shape:
@@ -35,8 +37,9 @@ def master_weight_checks(comparison) -> list[dict]:
                                 f"shape {got.shape} != expected {orc.shape}"})
                     continue
                 measured = float(np.max(np.abs(got - orc))) if got.size else 0.0
-                bound = master_weight_bound(float(np.max(np.abs(ref - orc))) if ref.size else 0.0,
-                                            float(np.max(np.abs(orc))) if orc.size else 0.0)
+                bound = master_weight_bound(comparison.dtype, float(np.max(np.abs(ref - orc))) if ref.size else 0.0,
+                                            float(np.max(np.abs(orc))) if orc.size else 0.0,
+                                            float(np.max(np.abs(orc - start))) if orc.size else 0.0)
                 finite = bool(np.all(np.isfinite(got)))
                 out.append({**where, "passed": finite and measured <= bound.value, "measured": measured,
                             "bound": bound.value, "detail": "" if finite else "non-finite values"})
