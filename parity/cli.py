@@ -72,7 +72,7 @@ def resolve_rerun(args, strict: bool) -> bool:
 
 def cmd_run(args) -> int:
     from parity.harness.runner import strict_from_env
-    from parity.matrix.cases import load, select
+    from parity.matrix.cases import at_seeds, load, seed_list, select
     from parity.mutation.catalog import ENV_VAR as MUTANT_VAR, BY_NAME, apply_from_env
 
     strict = args.strict or strict_from_env()
@@ -91,6 +91,9 @@ def cmd_run(args) -> int:
     cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
     if not cases:
         raise UsageError("no cases selected")
+    seeds = seed_list(args.seed, args.seeds)
+    if seeds is not None:
+        cases = at_seeds(cases, seeds)
     # A reference mutant lives in this process (the ranks apply rank mutants themselves), so a
     # mutation check's reproducer `PARITY_MUTANT=... parity run --case ID` plants it here too.
     apply_from_env("parent")
@@ -150,6 +153,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"want an integer >= 0, got {text!r}")
+    return int(text)
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError, version as installed
 
@@ -200,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-x", "--exitfirst", action="store_const", const=1, dest="maxfail",
                      help="stop after the first failed case (the rest are listed as not run)")
     run.add_argument("--maxfail", type=positive_int, metavar="N", help="stop after N failed cases")
+    run.add_argument("--seed", type=nonnegative_int, metavar="N",
+                     help="run the selection at seed N (initial weights and data; 0 is the default seed)")
+    run.add_argument("--seeds", type=positive_int, metavar="K",
+                     help="run the selection at seeds 0..K-1, all cases at one seed before the next")
     run.add_argument("--rerun-failed", metavar="DIR",
                      help="run the cases that failed in the report DIR/summary.json (and, under --strict, "
                           "those that xpassed); -k and --device narrow them further")

@@ -221,12 +221,14 @@ class Coordinator:
         print(text, file=self.console, flush=True)
 
     def select(self) -> list:
-        from parity.matrix.cases import load, select
+        from parity.matrix.cases import at_seeds, load, seed_list, select
 
         world_size = self.ctx.world_size
         runnable = []
-        for case in select(load(self.args.matrix), self.args.k, self.args.case, self.args.device,
-                           getattr(self.args, "framework", None)):
+        chosen = select(load(self.args.matrix), self.args.k, self.args.case, self.args.device,
+                        getattr(self.args, "framework", None))
+        seeds = seed_list(getattr(self.args, "seed", None), getattr(self.args, "seeds", None))
+        for case in chosen if seeds is None else at_seeds(chosen, seeds):
             if case.values.get("device", "cpu") != self.device:
                 why = f"needs --device {case.values.get('device', 'cpu')} (this launch runs {self.device} ranks)"
             elif case.world_size != world_size:

@@ -58,9 +58,14 @@ class Trajectory:
     used), logits / loss / head_input_grad (per micro-batch and data-parallel rank).
     """
     records: dict = field(default_factory=dict)
+    # The same keys -> (dtype, shape) of the tensor as plain torch held it, before the float64 copy:
+    # what a subject's tensor at that point must match (parity/checks/contract.py).
+    layouts: dict = field(default_factory=dict)
 
     def put(self, kind, step, micro, dp_rank, name, tensor):
-        self.records[(kind, step, micro, dp_rank, name)] = tensor.detach().to(torch.float64).clone()
+        key = (kind, step, micro, dp_rank, name)
+        self.records[key] = tensor.detach().to(torch.float64).clone()
+        self.layouts[key] = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
 
     def get(self, kind, step, micro, dp_rank, name):
         return self.records[(kind, step, micro, dp_rank, name)]
@@ -123,6 +128,8 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         optimizer.step(step_grads)
         for name, p in params.items():
             traj.put("weight", step, None, None, name, p)
+            if optimizer.master is not None:  # low precision: the float32 copy the next update starts from
+                traj.put("master_weight", step, None, None, name, optimizer.master[name])
     return traj
 
 

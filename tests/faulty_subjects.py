@@ -86,6 +86,18 @@ class AlwaysRejects(ColumnGatheredHead):
         raise ValueError(f"planted rejection on rank {ctx.rank}")
 
 
+class Float32Logits(ColumnGatheredHead):
+    """Hands back its logits upcast to float32 in a bf16 case: every value is the bf16 one exactly, so
+    every bound holds; only the precision contract (parity/checks/contract.py) can see it."""
+    name = "faulty_fp32_logits"
+
+    def forward(self, engine, batch, num_items, spec):
+        loss, logits = super().forward(engine, batch, num_items, spec)
+        return loss, logits.float()
+
+
+
+
 class RejectsAfterConverting(ColumnGatheredHead):
     """Raises the expected error, but only after changing the user's model (``plant``): on rank 1 the
     head is swapped for a half-size one (a half-converted model), or a process switch is flipped, or
@@ -122,4 +134,4 @@ def _rejects(plant: str) -> RejectsAfterConverting:
 
 
 SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(),
-            LeavesStateBehind(), AlwaysRejects()] + [_rejects(p) for p in ("none", "convert", "switch", "unrecorded")]
+            LeavesStateBehind(), AlwaysRejects(), Float32Logits()] + [_rejects(p) for p in ("none", "convert", "switch", "unrecorded")]

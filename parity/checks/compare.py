@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
+from parity.checks.contract import contract_checks
+from parity.checks.master_weights import master_weight_checks
 from parity.checks.tolerances import parity_bound, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -127,6 +129,8 @@ class Comparison:
                 self.check_collectives(step, micro)
             self.check_step(step)
         self.check_replicas_agree()
+        for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
+            self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
 
     def check_claims(self) -> None:

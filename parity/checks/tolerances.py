@@ -56,6 +56,20 @@ def parity_bound(dtype_name: str, reference_error: float, scale: float) -> Bound
     return Bound(value, reference_error, scale)
 
 
+def master_weight_bound(dtype_name: str, reference_error: float, scale: float, movement: float) -> Bound:
+    """A low-precision case's float32 master weights (DeepSpeed's bf16/fp16 optimizers, the reference's
+    SGD). master = initial - lr * (sum of the step gradients), so it has two precisions: float32 for
+    the value it holds (FLOOR_ULPS float32 units of max|oracle|) and the case dtype's for what it has
+    moved by, the gradients being computed in bf16/fp16 and rounded differently when sharded
+    (FLOOR_ULPS case-dtype units of ``movement`` = max|oracle - initial|), plus SHARDING_SLACK x the
+    reference master's own error. A case-dtype floor on the whole value (parity_bound) would hide a
+    master rounded to bf16 after every step; a float32 floor alone failed a correct bias shard whose
+    reference happened to round its step-0 gradient almost exactly."""
+    value = (SHARDING_SLACK * reference_error + FLOOR_ULPS * unit_roundoff("fp32") * scale
+             + FLOOR_ULPS * unit_roundoff(dtype_name) * movement)
+    return Bound(value, reference_error, scale)
+
+
 def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False) -> float:
     if dtype_name == "fp32" and not clipped:
         return 0.0

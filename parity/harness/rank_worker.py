@@ -56,6 +56,7 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
         torch.manual_seed(seq)  # nothing may depend on it; the subject seeds its own model and data
         obs = subject.run_rank(values, ctx)
         obs.facts["state_at_start"] = state
+        obs.facts["rank_device"] = str(torch.device(ctx.device))  # where its tensors must live (contract)
         return "ok", obs
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the judge
         # A subject may attach what it saw on the way out (the model's state after a refused setup).

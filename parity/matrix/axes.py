@@ -30,6 +30,10 @@ class Axis:
         return type(value) is int and value >= self.minimum
 
 
+# Axes every subject has without declaring them (parity.matrix.cases.subject_axes), appended after the
+# subject's own in case-id order; quiet at their default, so no existing id changes.
+UNIVERSAL_AXES = ("seed",)
+
 # ds_reject's variants (parity/subjects/deepspeed_rejects.py builds each one); "none" is no rejection.
 REJECTIONS = (
     "none",
@@ -99,6 +103,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
          help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
               "(megatron vocab-parallel subjects only)"),
+    Axis("seed", None, 0, lambda v: f"seed{v}", minimum=0, quiet_default=True,
+         help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
+              "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "
+              "--seeds K`"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

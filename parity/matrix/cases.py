@@ -20,6 +20,9 @@ A file holds one or more ``[[matrix]]`` tables:
     checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
     raises = "RuntimeError: fragment"   # or: the subject crashes here; some rank must raise this ("Type: message"
                                         # fragment), the others may only lose their peer; checks then unused
+    [[matrix.known_divergence]]         # or several, each limited to the cases it names:
+    where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
+                                        # than one gets them merged (reasons and repros joined, checks united)
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
@@ -31,13 +34,14 @@ and the file's value order, so the same file gives the same ids in the same orde
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity.matrix.axes import AXES
+from parity.matrix.axes import AXES, UNIVERSAL_AXES
 from parity.subjects import SUBJECTS
 
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
@@ -45,7 +49,7 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
@@ -120,8 +124,14 @@ class Case:
                 "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
 
 
+def subject_axes(subject) -> dict:
+    """The axes a subject's cases vary: its own, in its order, then the universal ones (seed)."""
+    return {**subject.axes, **{a: None for a in UNIVERSAL_AXES if a not in subject.axes}}
+
+
 def case_id(subject: str, values: dict) -> str:
-    shown = [a for a in SUBJECTS[subject].axes if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
+    shown = [a for a in subject_axes(SUBJECTS[subject])
+             if not (AXES[a].quiet_default and values[a] == AXES[a].default)]
     return "-".join([subject] + [AXES[a].label(values[a]) for a in shown])
 
 
@@ -146,11 +156,12 @@ def _rules(path, where, rules, subject) -> list[dict]:
         entry = {}
         for axis_name, raw in rule.items():
             key = f"{where}[{i}].{axis_name}"
-            if axis_name not in subject.axes:
-                raise CaseFileError(path, key, f"unknown axis for subject '{subject.name}'", ", ".join(subject.axes))
+            if axis_name not in subject_axes(subject):
+                raise CaseFileError(path, key, f"unknown axis for subject '{subject.name}'",
+                                    ", ".join(subject_axes(subject)))
             values = _as_list(raw)
             for v in values:
-                _check_value(path, key, axis_name, subject.axes[axis_name], v)
+                _check_value(path, key, axis_name, subject_axes(subject)[axis_name], v)
             entry[axis_name] = values
         checked.append(entry)
     return checked
@@ -176,18 +187,18 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     if not isinstance(axes_table, dict):
         raise CaseFileError(path, f"{where}.axes", "must be a table of axis = [values]")
     choices = {}
-    for axis_name in subject.axes:
+    for axis_name in subject_axes(subject):
         raw = axes_table.get(axis_name, subject.defaults.get(axis_name, AXES[axis_name].default))
         values = _as_list(raw)
         if not values:
             raise CaseFileError(path, f"{where}.axes.{axis_name}", "empty list of values")
         for v in values:
-            _check_value(path, f"{where}.axes.{axis_name}", axis_name, subject.axes[axis_name], v)
+            _check_value(path, f"{where}.axes.{axis_name}", axis_name, subject_axes(subject)[axis_name], v)
         choices[axis_name] = values
     for axis_name in axes_table:
-        if axis_name not in subject.axes:
+        if axis_name not in subject_axes(subject):
             raise CaseFileError(path, f"{where}.axes.{axis_name}", f"unknown axis for subject '{subject_name}'",
-                                ", ".join(subject.axes))
+                                ", ".join(subject_axes(subject)))
 
     excludes = _rules(path, f"{where}.exclude", table.get("exclude", []), subject)
     onlys = _rules(path, f"{where}.only", table["only"], subject) if "only" in table else None
@@ -202,13 +213,23 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
         raise CaseFileError(path, f"{where}.expect.match", "given without expect.error")
     expect = Expectation(expect_table.get("error"), str(expect_table.get("match", "")))
 
-    divergence = _divergence(path, f"{where}.known_divergence", table.get("known_divergence"))
-    if divergence and expect.is_error and set(divergence.checks) - set(REJECTION_CHECKS):
-        # A rejection case has no numerical checks: only the rejection itself and what it left behind
-        # (parity.checks.compare.state_after_rejection_checks) can be named.
-        bad = sorted(set(divergence.checks) - set(REJECTION_CHECKS))
-        raise CaseFileError(path, f"{where}.known_divergence.checks", f"{bad} not allowed with expect.error",
-                            ", ".join(REJECTION_CHECKS))
+    raw_divergences = table.get("known_divergence")
+    if isinstance(raw_divergences, list):
+        keyed = [(f"{where}.known_divergence[{i}]", d) for i, d in enumerate(raw_divergences)]
+    else:
+        keyed = [] if raw_divergences is None else [(f"{where}.known_divergence", raw_divergences)]
+    divergences = []
+    for key, raw in keyed:
+        scope = raw.get("where") if isinstance(raw, dict) else None
+        rule = _rules(path, f"{key}.where", [scope], subject)[0] if scope is not None else None
+        divergence = _divergence(path, key, raw)
+        if divergence and expect.is_error and set(divergence.checks) - set(REJECTION_CHECKS):
+            # A rejection case has no numerical checks: only the rejection itself and what it left behind
+            # (parity.checks.compare.state_after_rejection_checks) can be named.
+            bad = sorted(set(divergence.checks) - set(REJECTION_CHECKS))
+            raise CaseFileError(path, f"{key}.checks", f"{bad} not allowed with expect.error",
+                                ", ".join(REJECTION_CHECKS))
+        divergences.append((rule, divergence))
 
     declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
     if declared and expect.is_error:
@@ -225,6 +246,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
             continue
         if onlys is not None and not any(_matches(r, values) for r in onlys):
             continue
+        divergence = _merged(path, where, [d for rule, d in divergences if rule is None or _matches(rule, values)])
         cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
                           expect=expect, source=f"{path}:{where}", divergence=divergence, collectives=declared,
                           markers=tuple(subject.markers(values)) + tuple(markers)))
@@ -261,6 +283,16 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     if not isinstance(raises, str) or ("raises" in table and ": " not in raises):
         raise CaseFileError(path, f"{where}.raises", f"bad value {raises!r}", "'ExceptionType: message fragment'")
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises)
+
+
+def _merged(path, where, found: list) -> KnownDivergence | None:
+    """One case under several documented divergences: each may explain its checks."""
+    if len(found) <= 1:
+        return found[0] if found else None
+    if any(d.raises for d in found):
+        raise CaseFileError(path, f"{where}.known_divergence", "a crash divergence (raises) cannot overlap another")
+    checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
+    return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks)
 
 
 def _collectives(path, where, table) -> tuple:
@@ -326,6 +358,41 @@ def load(paths=None) -> list[Case]:
     return _unique([c for f in files for c in load_file(f)])
 
 
+def at_seed(case: Case, seed: int) -> Case:
+    """The same case at another seed (initial weights and data): the seed axis replaced, the id
+    rebuilt from it (seed 0, the default, keeps the id the case file gives)."""
+    if not AXES["seed"].accepts(seed):
+        raise SelectionError(f"bad seed {seed!r}: {AXES['seed'].allowed()}")
+    values = {**case.values, "seed": seed}
+    return dataclasses.replace(case, id=case_id(case.subject, values), axes=tuple(values.items()))
+
+
+def at_seeds(cases, seeds) -> list[Case]:
+    """Every case at every seed, seed-major: all cases at the first seed, then the next, so cases
+    sharing a reference_key meet in the reference cache while their seed's references are in it."""
+    return [at_seed(c, s) for s in seeds for c in cases]
+
+
+def _seeded_case(by_id: dict, case_id_: str) -> Case | None:
+    """A case file's case at a seed other than its own, named by the id a seeded run gave it (the
+    seed label comes last, the seed axis being universal), so a seeded failure's reproducer
+    `parity run --case ID-seedN` works without --seed."""
+    base, sep, seed = case_id_.rpartition("-seed")
+    if sep and seed.isdigit() and base in by_id and by_id[base].values.get("seed", 0) == 0:
+        return at_seed(by_id[base], int(seed))
+    return None
+
+
+def seed_list(seed: int | None, seeds: int | None) -> list[int] | None:
+    """`parity run --seed N` -> [N]; `--seeds K` -> [0, ..., K-1] (0 is the default seed, so a K-seed
+    run contains the plain run); neither -> None (each case at the seed its case file gives)."""
+    if seed is not None and seeds is not None:
+        raise SelectionError("--seed and --seeds both pick the seeds: give one of them")
+    if seed is not None:
+        return [seed]
+    return list(range(seeds)) if seeds is not None else None
+
+
 def select(cases, keyword: str | None, case_ids: list[str] | None, device: str | None = None,
            framework: str | None = None):
     """The cases a command line picks: by device and framework, then exact ids (in the order given) or a -k
@@ -340,10 +407,11 @@ def select(cases, keyword: str | None, case_ids: list[str] | None, device: str |
         cases = [c for c in cases if SUBJECTS[c.subject].framework == framework]
     if case_ids:
         by_id = {c.id: c for c in cases}
-        unknown = [i for i in case_ids if i not in by_id]
+        found = [by_id.get(i) or _seeded_case(by_id, i) for i in case_ids]
+        unknown = [i for i, c in zip(case_ids, found) if c is None]
         if unknown:
             raise SelectionError(f"no case with id {unknown[0]!r} (see `parity list`)")
-        return [by_id[i] for i in case_ids]
+        return found
     if keyword:
         # pytest's own -k grammar (substring terms with and/or/not), so both entry points agree.
         from _pytest.mark import expression

@@ -160,6 +160,23 @@ def _add_bias(times: int):
     return lambda: _swap(_layers(), "add_bias", add_bias)
 
 
+def _add_bias_in_fp32():
+    layers = _layers()
+
+    def add_bias(input, bias):
+        if bias is None:
+            return input
+        if layers.is_autotp_training_mode():
+            # Training mode - avoid inplace to ensure correct autograd
+            input = input + bias.float()  # planted: upstream adds the bias in its own dtype (a no-op in fp32)
+            return input
+        else:
+            input += bias
+            return input
+
+    return _swap(layers, "add_bias", add_bias)
+
+
 def _linear_weight_detached():
     layers = _layers()
 
@@ -293,7 +310,7 @@ def _fused():
     return importlib.import_module("deepspeed.sequence.linear_cross_entropy")
 
 
-def _fused_forward_mutant(reduce_stats=True, chunk_offset_zero=False):
+def _fused_forward_mutant(reduce_stats=True, chunk_offset_zero=False, stats_in_input_dtype=False):
     def patch():
         import torch
 
@@ -312,7 +329,10 @@ def _fused_forward_mutant(reduce_stats=True, chunk_offset_zero=False):
             valid = target != ignore_index
             in_shard = valid & (target >= vocab_start_index) & (target < vocab_end_index)
             local_target = (target - vocab_start_index).clamp(0, local_vocab_size - 1)
-            loss = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
+            # upstream: dtype=torch.float32; the planted bug keeps the per-token loss (and, through
+            # empty_like, the row max and exp-sum saved for backward) in the input dtype
+            loss = torch.empty(num_tokens, dtype=hidden.dtype if stats_in_input_dtype else torch.float32,
+                               device=hidden.device)
             row_max = torch.empty_like(loss)
             row_sum_exp = torch.empty_like(loss)
             for start in range(0, num_tokens, chunk_rows):
@@ -399,7 +419,8 @@ def _liger_local_group():
 # -- _VocabParallelCrossEntropy ---------------------------------------------------------------------
 
 def _ce_forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index, vocab_end_index, ignore_index, *,
-                max_mode="allreduce", reduce_sum=True, reduce_target=True, start_shift=0):
+                max_mode="allreduce", reduce_sum=True, reduce_target=True, start_shift=0, upcast=True,
+                sum_exp_in_logits_dtype=False):
     """Upstream _VocabParallelCrossEntropy.forward with switches for the planted changes."""
     import torch
 
@@ -407,7 +428,8 @@ def _ce_forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index,
     dist, pg_utils = ce.dist, ce.pg_utils
     vocab_start_index = vocab_start_index + start_shift
     target = target.to(dtype=torch.long)
-    logits = vocab_parallel_logits.float()
+    # upstream: .float(); upcast=False keeps bf16/fp16 logits (a no-op in fp32: precision-only)
+    logits = vocab_parallel_logits.float() if upcast else vocab_parallel_logits
     local_vocab_size = logits.shape[-1]
 
     local_max = logits.amax(dim=-1)
@@ -421,8 +443,11 @@ def _ce_forward(ctx, vocab_parallel_logits, target, tp_group, vocab_start_index,
 
     exp_logits = torch.exp(logits - global_max.unsqueeze(-1))
     global_sum_exp = exp_logits.sum(dim=-1)
+    if sum_exp_in_logits_dtype:  # planted: the partial sums cross the wire in the logits dtype (upstream: fp32)
+        global_sum_exp = global_sum_exp.to(vocab_parallel_logits.dtype)
     if reduce_sum and pg_utils.is_parallel(tp_group):
         dist.all_reduce(global_sum_exp, op=dist.ReduceOp.SUM, group=tp_group)
+    global_sum_exp = global_sum_exp.float() if sum_exp_in_logits_dtype else global_sum_exp
 
     valid_target = target != ignore_index
     target_in_partition = valid_target & (target >= vocab_start_index) & (target < vocab_end_index)
@@ -475,6 +500,143 @@ def _ce_mean_counts_ignored():
         return loss_sum / max(target.numel(), 1)
 
     return _swap(ce, "vocab_parallel_cross_entropy", vocab_parallel_cross_entropy)
+
+
+def _ce_reduced_in_logits_dtype():
+    """vocab_parallel_cross_entropy's sum/mean, as upstream writes them, over the per-token losses
+    rounded to the logits dtype first (upstream reduces the fp32 losses the CE returns)."""
+    ce = _ce()
+    original = ce.vocab_parallel_cross_entropy
+
+    def vocab_parallel_cross_entropy(vocab_parallel_logits, target, tp_group=None, sp_group=None,
+                                     vocab_start_index=None, vocab_end_index=None, global_vocab_size=None,
+                                     ignore_index=-100, reduction="mean", gather_sequence_loss=False, backend="torch"):
+        loss = original(vocab_parallel_logits, target, tp_group=tp_group, sp_group=sp_group,
+                        vocab_start_index=vocab_start_index, vocab_end_index=vocab_end_index,
+                        global_vocab_size=global_vocab_size, ignore_index=ignore_index, reduction="none",
+                        gather_sequence_loss=gather_sequence_loss if reduction == "none" else False, backend=backend)
+        if reduction == "none":
+            return loss
+        loss = loss.to(vocab_parallel_logits.dtype)  # planted: a no-op in fp32
+        loss_sum = ce._global_sp_sum(loss.sum(), sp_group)
+        if reduction == "sum":
+            return loss_sum
+
+        valid_tokens = (target != ignore_index).sum().to(dtype=loss.dtype)
+        if ce.pg_utils.is_parallel(sp_group):
+            ce.dist.all_reduce(valid_tokens, op=ce.dist.ReduceOp.SUM, group=sp_group)
+        return loss_sum / valid_tokens.clamp_min(1)
+
+    return _swap(ce, "vocab_parallel_cross_entropy", vocab_parallel_cross_entropy)
+
+
+def _unfused_master_in_model_dtype():
+    """FP16_UnfusedOptimizer.step (ZeRO 0 with bf16/fp16), upstream line for line, except that the
+    fp32 master is rounded to the model dtype after every update: master weights not kept in fp32."""
+    import importlib
+
+    import torch
+
+    mod = importlib.import_module("deepspeed.runtime.fp16.unfused_optimizer")
+
+    def step(self, closure=None):
+        if self.fused_lamb_legacy:
+            return self.step_fused_lamb()
+
+        self.overflow = self.overflow_checker.check()
+        if self.overflow:
+            return self._skip_invalid_grad_norm()
+
+        norm_groups = []
+        for i, group in enumerate(self.fp16_groups):
+            grads_for_norm, _ = mod.split_params_grads_into_shared_and_expert_params(group)
+            norm_group_value = 0.0
+            if len(grads_for_norm) > 0:
+                norm_group_value = mod.get_weight_norm(grads_for_norm, mpu=self.mpu)
+            norm_groups.append(norm_group_value)
+
+            # copying gradients to fp32 to work with fp32 parameters
+            for fp32_param, fp16_param in zip(self.fp32_groups[i], self.fp16_groups[i]):
+                if fp16_param.grad is None:
+                    fp32_param.grad = torch.zeros(fp16_param.size(), dtype=fp32_param.dtype, device=fp32_param.device)
+                else:
+                    fp32_param.grad = fp16_param.grad.to(fp32_param.dtype)
+
+        self._global_grad_norm = mod.get_global_norm(norm_list=norm_groups)
+        if mod.is_invalid_grad_norm(self._global_grad_norm):
+            return self._skip_invalid_grad_norm()
+        self._update_scale(False)
+        self.unscale_and_clip_grads(self._global_grad_norm)
+
+        self.optimizer.step()
+
+        for fp32_group, fp16_group in zip(self.fp32_groups, self.fp16_groups):
+            for idx, (fp32_param, fp16_param) in enumerate(zip(fp32_group, fp16_group)):
+
+                #remove the fp32 grad
+                fp32_param.grad = None
+
+                #copy data from fp32 to fp16
+                fp16_param.data.copy_(fp32_param.data)
+                fp32_param.data.copy_(fp16_param.data)  # planted: the master keeps only model-dtype precision
+
+        return self.overflow
+
+    return _swap(mod.FP16_UnfusedOptimizer, "step", step)
+
+
+def _fused_backward_hidden_grad_in_input_dtype():
+    """_VocabParallelLinearCrossEntropy.backward, upstream line for line, except that the hidden
+    gradient is accumulated over vocabulary blocks (and all-reduced) in the input dtype, not fp32."""
+    import torch
+
+    lce = _fused()
+    cls = lce._VocabParallelLinearCrossEntropy
+    pg_utils, dist = lce.pg_utils, lce.dist
+
+    @lce.once_differentiable
+    def backward(ctx, grad_loss):
+        hidden, weight, bias, valid, in_shard, local_target, row_max, row_sum_exp = ctx.saved_tensors
+        compute_dtype = ctx.compute_dtype
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        local_vocab_size = weight.shape[0]
+
+        hidden_compute = hidden.to(compute_dtype)
+        token_grad = torch.where(valid, grad_loss.float(), torch.zeros_like(row_max))
+        prob_scale = (token_grad / row_sum_exp).unsqueeze(-1)
+        neg_row_max = -row_max.unsqueeze(-1)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        # planted: upstream accumulates in torch.zeros_like(hidden, dtype=torch.float32); a no-op in fp32
+        grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
+        grad_weight = torch.empty_like(weight) if needs_weight else None
+        grad_bias = torch.empty_like(bias) if needs_bias else None
+
+        for start in range(0, local_vocab_size, ctx.block_cols):
+            end = min(start + ctx.block_cols, local_vocab_size)
+            weight_block = weight[start:end].to(compute_dtype)
+            bias_block = None if bias is None else bias[start:end].to(compute_dtype)
+            logits = lce._fp32_logits(hidden_compute, weight_block, bias_block, neg_row_max)
+
+            grad_logits = logits.exp_().mul_(prob_scale)
+            in_block = in_shard & (local_target >= start) & (local_target < end)
+            block_rows = rows[in_block]
+            grad_logits[block_rows, local_target[in_block] - start] -= token_grad[in_block]
+
+            if grad_bias is not None:
+                grad_bias[start:end] = grad_logits.sum(dim=0)
+            grad_logits = grad_logits.to(compute_dtype)
+            if grad_weight is not None:
+                grad_weight[start:end] = grad_logits.t() @ hidden_compute
+            if grad_hidden is not None:
+                lce._accumulate_matmul(grad_hidden, grad_logits, weight_block)
+
+        if grad_hidden is not None:
+            if pg_utils.is_parallel(ctx.tp_group):
+                dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ctx.tp_group)
+            grad_hidden = grad_hidden.to(hidden.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+    return _swap(cls, "backward", staticmethod(backward))
 
 
 def _causal_loss_ignores_num_items():
@@ -877,6 +1039,42 @@ MUTANTS = [
            "Megatron's VocabParallelEmbedding.forward skips zeroing the lookups of tokens outside the rank's "
            "shard: every rank adds its local row 0 for them", "megatron.core.tensor_parallel.layers."
            "VocabParallelEmbedding.forward", "logits / head_input_grad", (M_EMBED,), _megatron_embedding_unmasked),
+    # Precision-only: each is a no-op in fp32 (it rounds to, or stays in, the model dtype), so only the
+    # bf16/fp16 cases of a family can kill it.
+    Mutant("ce_softmax_in_logits_dtype",
+           "_VocabParallelCrossEntropy.forward without the fp32 upcast: max, exp, sum-exp, log and the target "
+           "logit in bf16/fp16, and a bf16/fp16 loss",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "contract[loss] / loss",
+           (VOCAB, DS_CE, TIED_VOCAB), _ce_forward_mutant(upcast=False)),
+    Mutant("ce_sum_exp_allreduce_in_logits_dtype",
+           "_VocabParallelCrossEntropy.forward rounds the partial exp-sums to the logits dtype for their SUM "
+           "all-reduce (a bandwidth 'optimisation'), then back to fp32",
+           "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
+           (VOCAB, DS_CE, TIED_VOCAB), _ce_forward_mutant(sum_exp_in_logits_dtype=True)),
+    Mutant("ce_reduced_in_logits_dtype",
+           "vocab_parallel_cross_entropy sums (and averages) the per-token losses in the logits dtype instead of "
+           "the fp32 the CE returns: a bf16/fp16 loss",
+           "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy", "contract[loss] / loss",
+           (VOCAB, DS_CE, TIED_VOCAB), _ce_reduced_in_logits_dtype),
+    Mutant("add_bias_in_fp32",
+           "add_bias adds the bias upcast to fp32 (an 'accuracy' fix): a bf16/fp16 head hands back fp32 logits",
+           "deepspeed.module_inject.layers.add_bias", "contract[logits] (bias cases)", (COLUMN, VOCAB),
+           _add_bias_in_fp32),
+    Mutant("fused_ce_stats_in_input_dtype",
+           "_VocabParallelLinearCrossEntropy.forward allocates the per-token loss (and the row max and exp-sum "
+           "saved for backward) in the input dtype instead of fp32: a bf16/fp16 per-token loss",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward",
+           "contract[loss] (reduction none)", (FUSED_CE,), _fused_forward_mutant(stats_in_input_dtype=True)),
+    Mutant("unfused_master_in_model_dtype",
+           "FP16_UnfusedOptimizer.step (ZeRO 0, bf16/fp16) rounds its fp32 master weights to the model dtype after "
+           "every update: small updates round away as in a pure-bf16 optimizer",
+           "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "weight / sgd_update",
+           (COLUMN, VOCAB), _unfused_master_in_model_dtype),
+    Mutant("fused_ce_hidden_grad_in_input_dtype",
+           "_VocabParallelLinearCrossEntropy.backward accumulates the hidden gradient over vocabulary blocks, and "
+           "all-reduces it, in the input dtype instead of fp32",
+           "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.backward", "hidden_grad",
+           (FUSED_CE,), _fused_backward_hidden_grad_in_input_dtype),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

@@ -1,7 +1,9 @@
 """What a rank reports about one case: recorded tensors and facts, as plain picklable data.
 
-Tensors travel as float64 numpy arrays (exact for bf16/fp16/fp32 values) tagged with their
-original dtype, so no torch shared-memory handles cross process boundaries.
+Tensors travel as float64 numpy arrays (exact for bf16/fp16/fp32 values; the shape is kept) tagged
+with their original dtype and device, so no torch shared-memory handles cross process boundaries and
+the parent can still hold each tensor to the reference's precision and placement
+(parity/checks/contract.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class RankObservations:
     # (kind, step, micro, name) -> float64 array; kinds as in references.trajectory plus the subject's own.
     tensors: dict = field(default_factory=dict)
     dtypes: dict = field(default_factory=dict)
+    devices: dict = field(default_factory=dict)  # same keys -> str(torch.device) the tensor was on
     # facts: module types, backend that ran per micro-batch, process state at case start, ...
     facts: dict = field(default_factory=dict)
 
@@ -26,6 +29,7 @@ class RankObservations:
         key = (kind, step, micro, name)
         self.tensors[key] = tensor.detach().to("cpu", torch.float64).numpy().copy()
         self.dtypes[key] = str(tensor.dtype).replace("torch.", "")
+        self.devices[key] = str(tensor.device)
 
     def get(self, kind, step, micro, name) -> np.ndarray | None:
         return self.tensors.get((kind, step, micro, name))

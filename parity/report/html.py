@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from parity.report.plots import case_figure, missing as plots_missing, ratio_histogram
+from parity.report.plots import case_figure, missing as plots_missing, ratio_by_kind_figure, ratio_histogram
 from parity.report.records import (check_results, closest, counts_by_subject, failure_summary, first_divergence,
                                    fmt, is_near_failing, where, worst_check, worst_ratio)
 from parity.checks.tolerances import NEAR_FAILING_RATIO
@@ -153,8 +153,15 @@ def report_html(records: list[dict], run: dict) -> str:
              f'<p class="note">measured / bound of every check that has a tolerance (exact checks have bound 0 and '
              f"are not counted); 1 is the bound, {NEAR_FAILING_RATIO:g} the near-failing line.</p>",
              f'<img alt="histogram of measured/bound ratios" src="data:image/png;base64,{histogram}">' if histogram
-             else f"<p>{escape(plots_missing() or 'No numerical checks ran.')}</p>",
-             '<h2 id="other">Known divergences, skips, closest passing cases</h2>']
+             else f"<p>{escape(plots_missing() or 'No numerical checks ran.')}</p>"]
+    by_kind = ratio_by_kind_figure(records)
+    if by_kind:  # across seeds (parity run --seeds K) this is how tight each bound is, per kind and dtype
+        body += ['<h3 id="margins-by-kind">By check kind and dtype</h3>',
+                 '<p class="note">the spread of measured / bound for each kind of toleranced check (its name before '
+                 "'['), per case dtype: box = quartiles, whiskers = smallest to largest; the number is the largest "
+                 "ratio, and the count beside the kind how many checks were folded in.</p>",
+                 f'<img alt="measured/bound by check kind and dtype" src="data:image/png;base64,{by_kind}">']
+    body += ['<h2 id="other">Known divergences, skips, closest passing cases</h2>']
     for status, title in ((DIVERGED, "Known divergences"), (XPASSED, "Known divergences that now match the reference "
                                                                       "(remove their marks)"), (SKIPPED, "Skipped")):
         if counts.get(status):

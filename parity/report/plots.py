@@ -126,3 +126,60 @@ def ratio_histogram(records: list[dict]) -> str | None:
         ax.legend(fontsize=7)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.16, wspace=0.15)
     return _png(fig)
+
+
+def ratios_by_kind(records: list[dict]) -> dict:
+    """(case dtype, check kind) -> every measured/bound ratio of that kind's toleranced checks; the
+    kind is the check name before its '[' (grad[lm_head.weight] -> grad), the dtype the case's."""
+    out: dict = {}
+    for r in records:
+        dtype = (r.get("axes") or {}).get("dtype")
+        if dtype is None:
+            continue
+        for c in check_results(r):
+            if c.get("bound") and c.get("ratio") is not None:
+                out.setdefault((dtype, c["name"].split("[")[0]), []).append(c["ratio"])
+    return out
+
+
+def ratio_by_kind_figure(records: list[dict]) -> str | None:
+    """How tight each bound is: per case dtype, the spread of measured/bound for each check kind
+    (box = quartiles, whiskers = smallest to largest, the largest written beside it)."""
+    ratios = ratios_by_kind(records)
+    if not ratios or missing():
+        return None
+    plt = _pyplot()
+    order = {"fp32": 0, "bf16": 1, "fp16": 2}
+    dtypes = sorted({d for d, _ in ratios}, key=lambda d: order.get(d, 9))
+    kinds = sorted({k for _, k in ratios})
+    import matplotlib
+
+    # matplotlib 3.10 replaced boxplot's vert=False by orientation= (vert warns from 3.11); pyproject allows 3.8
+    major, minor = (int(p) for p in matplotlib.__version__.split(".")[:2])
+    horizontal = {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
+    low = -8.0  # log10; a ratio of exactly 0 (bitwise equal to the oracle) is counted, not drawn
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes), 0.32 * len(kinds) + 1.2), squeeze=False,
+                             sharey=True)
+    for ax, dtype in zip(axes[0], dtypes):
+        data, labels = [], []
+        for kind in kinds:
+            values = ratios.get((dtype, kind), [])
+            positive = [max(math.log10(v), low) if math.isfinite(v) else 2.0 for v in values if v > 0]
+            data.append(positive or [float("nan")])
+            labels.append(f"{kind} ({len(values)})")
+        ax.boxplot(data, whis=(0, 100), widths=0.6, showfliers=False, **horizontal)
+        for y, (kind, values) in enumerate(((k, ratios.get((dtype, k), [])) for k in kinds), start=1):
+            if values:
+                worst = max(values)
+                ax.text(1.95, y, f"{worst:.2g}", va="center", ha="right", fontsize=6,
+                        color="red" if worst > 1 else "black")
+        ax.axvline(0.0, color="red", lw=1.2)
+        ax.axvline(math.log10(NEAR_FAILING_RATIO), color="orange", lw=1, ls="--")
+        ax.set_yticks(range(1, len(kinds) + 1), labels, fontsize=7)
+        ax.set_xlim(low - 0.2, 2.0)
+        ax.set_title(f"{dtype}: log10(measured / bound), largest at right", fontsize=8)
+        ax.tick_params(labelsize=7)
+    width, height = 4.6 * len(dtypes), 0.32 * len(kinds) + 1.2
+    fig.set_size_inches(width + 1.2, height)  # 1.2 in more for the kind labels on the left
+    fig.subplots_adjust(left=1.3 / (width + 1.2), right=0.99, top=1 - 0.3 / height, bottom=0.4 / height, wspace=0.08)
+    return _png(fig)

@@ -14,6 +14,18 @@ from references.tiny_lm import ModelSpec
 from references.trajectory import TrainingSpec
 
 
+# The seed axis (parity/matrix/axes.py) picks a draw of initial weights and data. Seed 0 is each
+# subject's historical base seed, so the default matrix keeps its ids and its numbers; seed N moves
+# the base by N * SEED_STRIDE. The stride keeps draws apart from streams a subject derives from its
+# seed by small offsets (the loss-only subjects' Hessian-vector direction uses seed + 1).
+SEED_STRIDE = 1000
+
+
+def case_seed(base: int, values: dict) -> int:
+    """The seed a case's model and data are drawn from: ``base`` moved by its seed axis."""
+    return base + SEED_STRIDE * values.get("seed", 0)
+
+
 @dataclass(frozen=True)
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
@@ -101,7 +113,8 @@ class Subject(ABC):
         return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
 
     def training_spec(self, values: dict) -> TrainingSpec:
-        return TrainingSpec(micro_batches=values.get("gas", 2), ignore=values.get("ignore", "scattered"),
+        return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values.get("gas", 2),
+                            ignore=values.get("ignore", "scattered"),
                             dp=values.get("dp", 1), clip=values.get("clip", 0.0))
 
     @abstractmethod
@@ -117,6 +130,12 @@ class Subject(ABC):
         user holds before and after the refused call (parity.observe.model_state) to the exception as
         ``parity_facts = {"state_before": ..., "state_after": ...}``; the case fails unless the two are
         equal (a model half-converted by a refused setup is a finding), or when a rank attached none."""
+        return False
+
+    def records_master_weights(self, values: dict) -> bool:
+        """Whether this case's ranks record ("master_weight", step, None, name) after each update: the
+        optimizer's float32 copy of each parameter (parity/checks/master_weights.py holds them to the
+        reference's)."""
         return False
 
     def reset_process_state(self, ctx: RankContext) -> dict:

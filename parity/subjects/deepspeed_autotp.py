@@ -138,6 +138,25 @@ def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: i
             obs.record("weight", step, None, name, p)
 
 
+def record_master_weights(obs: RankObservations, step: int, engine, params: dict, zero_stage: int) -> None:
+    """The float32 master copy of each (TP-local) parameter after the update. ZeRO 1-3 hand it out
+    through deepspeed.utils.safe_get_full_fp32_param; ZeRO 0's FP16_UnfusedOptimizer is not reached by
+    that function (it returns None there), so its fp16_groups/fp32_groups pairs are read directly."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    if zero_stage == 0:
+        opt = engine.optimizer
+        master = {id(p): m for lows, highs in zip(opt.fp16_groups, opt.fp32_groups) for p, m in zip(lows, highs)}
+        for name, p in params.items():
+            if id(p) in master:
+                obs.record("master_weight", step, None, name, master[id(p)])
+        return
+    for name, p in params.items():
+        value = safe_get_full_fp32_param(p)
+        if value is not None:
+            obs.record("master_weight", step, None, name, value)
+
+
 def exclude_engine_reduction(engine) -> None:
     """Keep the engine's own collectives out of the counts: its gradient reduction depends on ZeRO
     and DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
@@ -283,6 +302,9 @@ class EngineHead(Subject):
         setup_deepspeed(ctx)
         return reset_deepspeed_state()
 
+    def records_master_weights(self, values: dict) -> bool:
+        return values["dtype"] != "fp32"  # bf16/fp16: DeepSpeed's optimizer keeps a float32 master
+
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
     def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:
         """The user's model, before DeepSpeed sees it: the same weights the reference starts from."""
@@ -361,6 +383,8 @@ class EngineHead(Subject):
                         norm = engine.get_global_grad_norm()
                         obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
                     record_weights(obs, step, params, values["zero"])
+                    if self.records_master_weights(values):
+                        record_master_weights(obs, step, engine, params, values["zero"])
                 obs.facts["loss_backend"] = backends
                 obs.facts["collectives"] = comm
             finally:

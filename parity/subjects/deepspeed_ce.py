@@ -18,7 +18,7 @@ import dataclasses
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
-from parity.subjects.base import Claims, Subject
+from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
 from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
 from parity.observe.dtypes import DTYPES
@@ -131,10 +131,11 @@ class DeepSpeedFusedLinearCE(Subject):
         return Claims(module_types={}, param_shards={}, micro_records=records)
 
     def training_spec(self, values):
-        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
+        return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])
 
     def reference(self, values, compute_dtype=None):
-        return linear_ce_reference(SEED, TOKENS, values["vocab"], HIDDEN, values["bias"], values["ignore"],
+        return linear_ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], HIDDEN, values["bias"],
+                                   values["ignore"],
                                    DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX,
                                    reduction=values["reduction"])
 
@@ -146,7 +147,8 @@ class DeepSpeedFusedLinearCE(Subject):
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part, start, end = _bounds(vocab, tp, tp_rank)
-        h, w, b, targets, upstream = linear_ce_inputs(SEED, TOKENS, vocab, HIDDEN, values["bias"], values["ignore"],
+        h, w, b, targets, upstream = linear_ce_inputs(case_seed(SEED, values), TOKENS, vocab, HIDDEN, values["bias"],
+                                                      values["ignore"],
                                                       DTYPES[values["dtype"]], IGNORE_INDEX)
         hidden = h.to(ctx.device).requires_grad_(True)
         weight = w[part].to(ctx.device).contiguous().requires_grad_(True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from parity.observe.observations import RankObservations
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import Claims, RankContext, Subject, case_seed
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, engine_dtype_requirements, reset_deepspeed_state,
                                              setup_deepspeed)
 from parity.observe.dtypes import DTYPES
@@ -64,7 +64,7 @@ class InferenceHead(Subject):
         return super().requires(values) + engine_dtype_requirements(values)
 
     def training_spec(self, values):
-        return TrainingSpec(steps=1, micro_batches=1)
+        return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), steps=1, micro_batches=1)
 
     def claims(self, values):
         head = values["head"]

@@ -158,6 +158,8 @@ class HFPlanHead(EngineHead):
             optimizer.step(grads)
             for name, p in params.items():
                 traj.put("weight", step, None, None, name, p)
+                if optimizer.master is not None:  # as references.trajectory
+                    traj.put("master_weight", step, None, None, name, optimizer.master[name])
         return traj
 
     # -- ranks: EngineHead's loop, with the HF model's interface ---------------------------------

@@ -11,7 +11,7 @@ from importlib.util import find_spec
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import Claims, RankContext, Subject, case_seed
 from parity.subjects.loss_backward import differentiate
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import ce_inputs, ce_reference, upstream_objective
@@ -42,10 +42,11 @@ class LogitsCE(Subject):
         return Claims(module_types={}, param_shards={}, micro_records=records, exact_records=("logits_after",))
 
     def training_spec(self, values):
-        return TrainingSpec(seed=SEED, steps=1, micro_batches=1, ignore=values["ignore"])
+        return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])
 
     def reference(self, values, compute_dtype=None):
-        return ce_reference(SEED, TOKENS, values["vocab"], values["ignore"], DTYPES[values["dtype"]], compute_dtype,
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values["ignore"],
+                            DTYPES[values["dtype"]], compute_dtype,
                             IGNORE_INDEX, reduction=values.get("reduction", "none"),
                             backward=values.get("backward", "once"))
 
@@ -62,7 +63,8 @@ class LogitsCE(Subject):
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part = self.block(vocab, tp, tp_rank)
-        logits, targets, upstream = ce_inputs(SEED, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
+        seed = case_seed(SEED, values)
+        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
                                               IGNORE_INDEX)
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
@@ -71,7 +73,7 @@ class LogitsCE(Subject):
         with collectives.recording() as counts:
             loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
             objective = upstream_objective(loss, upstream.to(ctx.device), values.get("reduction", "none"))
-            grad, hvp = differentiate(objective, local, values.get("backward", "once"), SEED, vocab, part)
+            grad, hvp = differentiate(objective, local, values.get("backward", "once"), seed, vocab, part)
         obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)
         obs.record("logits_grad", 0, 0, None, grad)

@@ -44,6 +44,15 @@ def test_a_crash_is_not_a_kill():
     assert _case_outcome(survived)["outcome"] == SURVIVED
 
 
+def test_a_documented_divergence_is_a_survival_and_a_green_baseline():
+    from parity.checks.verdict import DIVERGED, XPASSED
+    from parity.mutation.check import AS_DOCUMENTED
+
+    for status in (DIVERGED, XPASSED):
+        assert _case_outcome(Verdict(_case(), status, checks=[Check("contract[grad]", False)]))["outcome"] == SURVIVED
+    assert DIVERGED in AS_DOCUMENTED and FAILED not in AS_DOCUMENTED
+
+
 def test_catalog_is_complete():
     assert len(mutants.MUTANTS) >= 8
     assert len({m.name for m in mutants.MUTANTS}) == len(mutants.MUTANTS)

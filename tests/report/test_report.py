@@ -109,6 +109,21 @@ def test_write_report_from_plain_dicts_marks_near_failing_cases(tmp_path):
     assert over[1]["rank"] == 0 and over[1]["margin"] < 0
 
 
+def test_ratios_are_drawn_by_check_kind_and_dtype(tmp_path):
+    from parity.report.plots import ratios_by_kind
+
+    fp32 = {**record("a", "passed", [0.1, 0.2]), "axes": {"dtype": "fp32", "seed": 0}}
+    bf16 = {**record("b", "passed", [0.5]), "axes": {"dtype": "bf16", "seed": 1}}
+    bf16["check_results"].append({**bf16["check_results"][0], "name": "grad[lm_head.weight]", "ratio": 0.9})
+    bf16["check_results"].append({**bf16["check_results"][0], "name": "contract[loss]", "bound": None,
+                                  "ratio": None})  # no tolerance: not a ratio
+    assert ratios_by_kind([fp32, bf16]) == {("fp32", "logits"): [0.1, 0.1, 0.2, 0.2], ("bf16", "logits"): [0.5, 0.5],
+                                            ("bf16", "grad"): [0.9]}
+    write_report(tmp_path, [fp32, bf16], 1.0, ["parity", "run", "--seeds", "2"])
+    assert re.search(r'<img alt="measured/bound by check kind and dtype" src="data:image/png;base64,[A-Za-z0-9+/=]{500,}"',
+                     (tmp_path / "report.html").read_text())
+
+
 def test_without_matplotlib_the_report_is_written_and_says_the_plots_are_missing(tmp_path, monkeypatch):
     import importlib.util
 

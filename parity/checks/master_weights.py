@@ -1,0 +1,46 @@
+"""A low-precision case's float32 master weights, after every update, against the reference's.
+
+The model's bf16/fp16 weights are what the weight[...] checks see; the update itself happens on the
+optimizer's float32 copy, and a master that loses precision (rounded to the model dtype, updated in
+it) moves the model weights by less than their own rounding unit: invisible there for many steps.
+The subject records the master ("master_weight" records, Subject.records_master_weights), the
+reference its SGD master (references/sgd.py); the float64 oracle has no master, its weights are the
+exact values a master approximates. Bound: tolerances.master_weight_bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from parity.checks.tolerances import master_weight_bound
+
+
+def master_weight_checks(comparison) -> list[dict]:
+    """Check dicts (name, passed, step, rank, measured, bound, detail) for compare.Comparison.add."""
+    if not comparison.subject.records_master_weights(comparison.values):
+        return []
+    ref_traj, oracle = comparison.reference, comparison.oracle
+    out = []
+    for step in range(comparison.train.steps):
+        names = [k[4] for k in ref_traj.records if k[0] == "master_weight" and k[1] == step]
+        for rank, o in sorted(comparison.obs.items()):
+            for name in names:
+                ref = comparison._param_view(name, ref_traj.get("master_weight", step, None, None, name).numpy(),
+                                             rank, ref_traj)
+                orc = comparison._param_view(name, oracle.get("weight", step, None, None, name).numpy(), rank,
+                                             ref_traj)
+                start = comparison._param_view(name, oracle.get("weight", -1, None, None, name).numpy(), rank,
+                                               ref_traj)
+                got = o.get("master_weight", step, None, name)
+                where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
+                if got is None or got.shape != orc.shape:
+                    out.append({**where, "passed": False, "detail": "not observed" if got is None else
+                                f"shape {got.shape} != expected {orc.shape}"})
+                    continue
+                measured = float(np.max(np.abs(got - orc))) if got.size else 0.0
+                bound = master_weight_bound(comparison.dtype, float(np.max(np.abs(ref - orc))) if ref.size else 0.0,
+                                            float(np.max(np.abs(orc))) if orc.size else 0.0,
+                                            float(np.max(np.abs(orc - start))) if orc.size else 0.0)
+                finite = bool(np.all(np.isfinite(got)))
+                out.append({**where, "passed": finite and measured <= bound.value, "measured": measured,
+                            "bound": bound.value, "detail": "" if finite else "non-finite values"})
+    return out
