@@ -75,3 +75,8 @@ NEAR_FAILING_RATIO = 0.5
 # its bound. Absolute, not a factor: ratios are already normalised by the bound, and a factor
 # would flag 1e-4 -> 1e-3 (irrelevant) as loudly as 0.3 -> 0.9 (nearly failing).
 RATIO_CHANGE = 0.1
+
+# `parity sensitivity` (parity/sensitivity.py): the systematic relative error (x -> (1 + eps) x on
+# one rank) every check kind must catch, per case dtype (issue 15). A few unit roundoffs of the
+# dtype: fp32 u = 6e-8, bf16 u = 3.9e-3, fp16 u = 4.9e-4.
+SENSITIVITY_TARGETS = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
