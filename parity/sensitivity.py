@@ -26,7 +26,7 @@ from parity.checks import perturb
 from parity.checks.compare import compare, reference_pair
 from parity.checks.tolerances import SENSITIVITY_TARGETS
 from parity.harness.runner import Runner
-from parity.matrix.cases import load, select
+from parity.matrix.cases import SelectionError, load, select
 from parity.subjects import SUBJECTS
 
 MIN_EPS = 1e-9
@@ -167,10 +167,8 @@ def markdown(worst: dict, entries: list[dict], command: str) -> str:
 def cmd_sensitivity(args) -> int:
     cases = [c for c in select(load(args.matrix), args.k, args.case, None)
              if not c.expect.is_error and c.divergence is None]
-    if not cases:
-        from parity.cli import UsageError
-
-        raise UsageError("no parity cases selected (rejections and known divergences measure no bound)")
+    if not cases:  # a selection error: the CLI prints it in one line, exit status 2
+        raise SelectionError("no parity cases selected (rejections and known divergences measure no bound)")
     runner = Runner(timeout_s=args.timeout)
     entries, skipped = [], []
     start = time.monotonic()
