@@ -49,6 +49,10 @@ class Trajectory:
     used), logits / loss / head_input_grad (per micro-batch and data-parallel rank).
     """
     records: dict = field(default_factory=dict)
+    # kind -> the least precise dtype on the path from the exact inputs to that record, where it is
+    # not the case dtype (a loss computed in float32 from exact case-dtype logits): what a
+    # tolerance's rounding floor is measured in. Kinds not listed: the case dtype.
+    floor_dtypes: dict = field(default_factory=dict)
 
     def put(self, kind, step, micro, dp_rank, name, tensor):
         self.records[(kind, step, micro, dp_rank, name)] = tensor.detach().to(torch.float64).clone()
