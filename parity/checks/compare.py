@@ -283,11 +283,11 @@ class Comparison:
                 if o.dp_rank != dp:
                     continue
                 # The CE computes in float32 from the upcast logits: its own arithmetic is float32's.
-                self.close("loss_stage", o.get("loss", step, micro, None), ref_loss, orc_loss, torch.float32,
+                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss, orc_loss, torch.float32,
                            step=step, micro=micro, rank=rank)
                 got = o.get("head_input_grad", step, micro, None)
                 if orc_hgrad is not None and got is not None and got.size == orc_hgrad.size:
-                    self.close("head_input_grad_stage", got, ref_hgrad.reshape(got.shape),
+                    self.close("head_input_grad[stage]", got, ref_hgrad.reshape(got.shape),
                                orc_hgrad.reshape(got.shape), step=step, micro=micro, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:

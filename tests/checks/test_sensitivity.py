@@ -55,8 +55,8 @@ def test_bisection_finds_the_threshold_a_check_sets_and_ignores_other_observable
     assert never == (None, [])
 
 
-@pytest.mark.parametrize("name,observable", [("assembled[logits]", "logits"), ("loss_stage", "loss"),
-                                             ("head_input_grad_stage", "head_input_grad"),
+@pytest.mark.parametrize("name,observable", [("assembled[logits]", "logits"), ("loss[stage]", "loss"),
+                                             ("head_input_grad[stage]", "head_input_grad"),
                                              ("grad[lm_head.weight]", "weight_grad"), ("sgd_update[w]", "weight")])
 def test_checks_belong_to_their_observable(name, observable):
     assert sensitivity.belongs(name, observable)
