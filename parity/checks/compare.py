@@ -118,6 +118,7 @@ class Comparison:
                 self.check_micro(step, micro)
                 self.check_collectives(step, micro)
             self.check_step(step)
+        self.check_stages()
         self.check_replicas_agree()
         return self.checks
 
@@ -214,7 +215,6 @@ class Comparison:
                     self.close(kind, got, ref, orc, self.floor_dtype(kind), step=step, micro=micro, rank=rank)
                 if dim is not None and o.tp_rank == 0:
                     self.check_assembled(kind, dim, step, micro, dp)
-        self.check_stages(step, micro)
 
     # -- stage-local oracles (parity/checks/stages.py) -------------------------------------------
     def assembled(self, kind, step, micro, dp):
@@ -249,46 +249,52 @@ class Comparison:
             return None
         return blocks[0] if dim is None else np.concatenate(blocks, axis=dim)
 
-    def check_stages(self, step: int, micro: int) -> None:
+    def check_stages(self) -> None:
         """Loss and head-input gradient against float64 re-evaluations on the subject's own logits (and
         head weight): the bound is the stage's own arithmetic, no upstream rounding inherited. Applies
         to training subjects that record logits and loss (not an embedding's or an inference head's)."""
         if not {"logits", "loss"} <= set(self.claims.micro_records) or self.claims.micro_records.get("loss") is not None:
             return
-        if ("logits", step, micro, 0, None) not in self.reference.records:
+        if ("logits", 0, 0, 0, None) not in self.reference.records:
             return
         from parity.observe.dtypes import DTYPES
+        from references.data import count_items
 
         spec = self.subject.model_spec(self.values)
-        case_dtype = DTYPES[self.dtype]
         weight_name = self.head_weight_name() if "head_input_grad" in self.claims.micro_records else None
-        for dp in sorted({o.dp_rank for o in self.obs.values()}):
-            logits = self.assembled("logits", step, micro, dp)
-            if logits is None or logits.shape != self.oracle.get("logits", step, micro, dp, None).shape:
-                continue  # the end-to-end logits checks have failed already
-            batches = self.train.batches(step, dp, spec.vocab, spec.ignore_index)
-            from references.data import count_items
-
-            num_items = count_items(batches, spec.ignore_index)
-            labels = batches[micro]["labels"]
-            weight = None if weight_name is None else self.assembled_weight(weight_name, step - 1, dp)
-            if weight is not None and weight.shape != (logits.shape[-1], self.oracle.get(
-                    "head_input_grad", step, micro, dp, None).shape[-1]):
-                weight = None
-            ref_loss, ref_hgrad = stages.loss_and_head_input_grad(logits, labels, weight, spec, num_items,
-                                                                  self.train.micro_batches, case_dtype)
-            orc_loss, orc_hgrad = stages.loss_and_head_input_grad(logits, labels, weight, spec, num_items,
-                                                                  self.train.micro_batches, torch.float64)
+        where, logits, labels, weights, num_items = [], [], [], [], []
+        for step in range(self.train.steps):
+            for dp in sorted({o.dp_rank for o in self.obs.values()}):
+                batches = self.train.batches(step, dp, spec.vocab, spec.ignore_index)
+                weight = None if weight_name is None else self.assembled_weight(weight_name, step - 1, dp)
+                for micro in range(self.train.micro_batches):
+                    z = self.assembled("logits", step, micro, dp)
+                    if z is None or z.shape != self.oracle.get("logits", step, micro, dp, None).shape:
+                        continue  # the end-to-end logits checks have failed already
+                    where.append((step, micro, dp))
+                    logits.append(z)
+                    labels.append(batches[micro]["labels"])
+                    weights.append(weight)
+                    num_items.append(count_items(batches, spec.ignore_index))
+        if not where:
+            return
+        hidden = self.oracle.get("head_input_grad", 0, 0, 0, None).shape[-1] if weight_name else None
+        if any(w is None or w.shape != (logits[0].shape[-1], hidden) for w in weights):
+            weights = None
+        args = (logits, labels, weights, num_items, spec, self.train.micro_batches)
+        ref_loss, ref_hgrad = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
+        orc_loss, orc_hgrad = stages.losses_and_head_input_grads(*args, torch.float64)
+        for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
                     continue
                 # The CE computes in float32 from the upcast logits: its own arithmetic is float32's.
-                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss, orc_loss, torch.float32,
+                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss[i], orc_loss[i], torch.float32,
                            step=step, micro=micro, rank=rank)
                 got = o.get("head_input_grad", step, micro, None)
-                if orc_hgrad is not None and got is not None and got.size == orc_hgrad.size:
-                    self.close("head_input_grad[stage]", got, ref_hgrad.reshape(got.shape),
-                               orc_hgrad.reshape(got.shape), step=step, micro=micro, rank=rank)
+                if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
+                    self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
+                               orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""
