@@ -1,4 +1,4 @@
-"""parity list | run | diff | mutants | bench | scale: the command-line face of the suite.
+"""parity list | run | diff | mutants | bench | scale | sensitivity: the command-line face of the suite.
 
 Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
 (or a diff got worse, a mutant survived); 2 bad input, named in one line on stderr; 130 interrupted.
@@ -221,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     mutants = sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch",
                              description=mutation_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mutation_check.add_arguments(mutants)
+    from parity.sensitivity import __doc__ as sensitivity_doc, add_arguments as add_sensitivity_arguments
+
+    add_sensitivity_arguments(sub.add_parser(
+        "sensitivity", help="measure the smallest planted error each check kind catches (writes DIR/sensitivity.*)",
+        description=sensitivity_doc, formatter_class=argparse.RawDescriptionHelpFormatter))
     add_bench_arguments(sub.add_parser("bench", help="print CE backend figures (time, peak memory); not a test",
                                        description="print CE backend figures (time, peak memory); not a test"))
     from parity.scale.run import add_arguments as add_scale_arguments
@@ -243,6 +248,10 @@ def dispatch(args) -> int:
         from parity.scale.run import cmd_scale
 
         return cmd_scale(args)
+    if args.command == "sensitivity":
+        from parity.sensitivity import cmd_sensitivity
+
+        return cmd_sensitivity(args)
     if args.command == "mutants":
         from parity.mutation.check import run
 

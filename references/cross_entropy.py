@@ -86,6 +86,7 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
             objective.backward()
         grad = x.grad
     traj.put("loss", 0, 0, 0, None, loss)
+    traj.floor_dtypes["loss"] = loss.dtype  # float32 (token_losses upcasts) from the exact input logits
     traj.put("logits_grad", 0, 0, 0, None, grad)
     traj.put("logits_after", 0, 0, 0, None, logits)  # the input, as it was before the call
     return traj

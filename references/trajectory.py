@@ -61,6 +61,10 @@ class Trajectory:
     # The same keys -> (dtype, shape) of the tensor as plain torch held it, before the float64 copy:
     # what a subject's tensor at that point must match (parity/checks/contract.py).
     layouts: dict = field(default_factory=dict)
+    # kind -> the least precise dtype on the path from the exact inputs to that record, where it is
+    # not the case dtype (a loss computed in float32 from exact case-dtype logits): what a
+    # tolerance's rounding floor is measured in. Kinds not listed: the case dtype.
+    floor_dtypes: dict = field(default_factory=dict)
 
     def put(self, kind, step, micro, dp_rank, name, tensor):
         key = (kind, step, micro, dp_rank, name)

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
+from parity.checks import stages
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
-from parity.checks.tolerances import parity_bound, sgd_identity_bound
+from parity.checks.tolerances import judge_close, sgd_identity_bound
 from references.trajectory import Trajectory
 
 @dataclass
@@ -81,7 +82,11 @@ class Comparison:
         self.checks.append(Check(*args, **kwargs))
 
     # -- numbers ---------------------------------------------------------------------------------
-    def close(self, name, got, ref, oracle, **where) -> None:
+    def floor_dtype(self, kind: str):
+        """The dtype a record's rounding floor is measured in (parity.checks.tolerances)."""
+        return self.reference.floor_dtypes.get(kind, self.dtype)
+
+    def close(self, name, got, ref, oracle, floor_dtype=None, **where) -> None:
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
@@ -96,15 +101,15 @@ class Comparison:
                       f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
             self.add(name, False, detail=detail, **where)
             return
-        keep = ~expected_nan
-        got, ref, oracle = got[keep], ref[keep], oracle[keep]
-        measured = float(np.max(np.abs(got - oracle))) if got.size else 0.0
-        bound = parity_bound(self.dtype, float(np.max(np.abs(ref - oracle))) if ref.size else 0.0,
-                             float(np.max(np.abs(oracle))) if oracle.size else 0.0)
+        if expected_nan.any():
+            keep = ~expected_nan
+            got, ref, oracle = got[keep], ref[keep], oracle[keep]
+        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype)
         finite = bool(np.all(np.isfinite(got)))
-        self.add(name, finite and measured <= bound.value, measured=measured, bound=bound.value,
-                 detail=("" if finite else "non-finite values") + (
-                     f"; {int(expected_nan.sum())} nan as in torch" if expected_nan.any() else ""), **where)
+        detail = judged.describe() if finite else "non-finite values"
+        if expected_nan.any():
+            detail += f"; {int(expected_nan.sum())} nan as in torch"
+        self.add(name, finite and judged.passed, measured=judged.measured, bound=judged.bound, detail=detail, **where)
 
     def exact(self, name, got, want, **where) -> None:
         if got is None or got.shape != want.shape:
@@ -128,6 +133,7 @@ class Comparison:
                 self.check_micro(step, micro)
                 self.check_collectives(step, micro)
             self.check_step(step)
+        self.check_stages()
         self.check_replicas_agree()
         for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
@@ -254,9 +260,89 @@ class Comparison:
                 if kind in self.claims.exact_records:
                     self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
                 else:
-                    self.close(kind, got, ref, orc, step=step, micro=micro, rank=rank)
+                    self.close(kind, got, ref, orc, self.floor_dtype(kind), step=step, micro=micro, rank=rank)
                 if dim is not None and o.tp_rank == 0:
                     self.check_assembled(kind, dim, step, micro, dp)
+
+    # -- stage-local oracles (parity/checks/stages.py) -------------------------------------------
+    def assembled(self, kind, step, micro, dp):
+        """A micro-batch record of one TP group, whole: a rank's own copy, or the blocks concatenated."""
+        dim = self.claims.micro_records.get(kind)
+        group = sorted((o.tp_rank, o.get(kind, step, micro, None)) for o in self.obs.values() if o.dp_rank == dp)
+        blocks = [b for _, b in group]
+        if not blocks or any(b is None for b in blocks):
+            return None
+        if dim is None:
+            return blocks[0]
+        try:
+            return np.concatenate(blocks, axis=dim)
+        except ValueError:
+            return None
+
+    def head_weight_name(self) -> str | None:
+        """The head's weight among the reference's parameters: ``<head>.weight``, or the embedding it is tied to."""
+        spec = self.subject.model_spec(self.values)
+        names = [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]
+        found = [n for n in names if n == f"{spec.head_name}.weight" or n.endswith(f".{spec.head_name}.weight")]
+        if not found and spec.tied:
+            found = [n for n in names if n.endswith("embed_tokens.weight")]
+        return found[0] if len(found) == 1 else None
+
+    def assembled_weight(self, name, step, dp):
+        """A parameter after update ``step`` (-1: initial) as the TP group holds it, whole."""
+        dim = self.claims.param_shards.get(name)
+        group = sorted((o.tp_rank, o.get("weight", step, None, name)) for o in self.obs.values() if o.dp_rank == dp)
+        blocks = [b for _, b in group]
+        if not blocks or any(b is None for b in blocks):
+            return None
+        return blocks[0] if dim is None else np.concatenate(blocks, axis=dim)
+
+    def check_stages(self) -> None:
+        """Loss and head-input gradient against float64 re-evaluations on the subject's own logits (and
+        head weight): the bound is the stage's own arithmetic, no upstream rounding inherited. Applies
+        to training subjects that record logits and loss (not an embedding's or an inference head's)."""
+        if not {"logits", "loss"} <= set(self.claims.micro_records) or self.claims.micro_records.get("loss") is not None:
+            return
+        if ("logits", 0, 0, 0, None) not in self.reference.records:
+            return
+        from parity.observe.dtypes import DTYPES
+        from references.data import count_items
+
+        spec = self.subject.model_spec(self.values)
+        weight_name = self.head_weight_name() if "head_input_grad" in self.claims.micro_records else None
+        where, logits, labels, weights, num_items = [], [], [], [], []
+        for step in range(self.train.steps):
+            for dp in sorted({o.dp_rank for o in self.obs.values()}):
+                batches = self.train.batches(step, dp, spec.vocab, spec.ignore_index)
+                weight = None if weight_name is None else self.assembled_weight(weight_name, step - 1, dp)
+                for micro in range(self.train.micro_batches):
+                    z = self.assembled("logits", step, micro, dp)
+                    if z is None or z.shape != self.oracle.get("logits", step, micro, dp, None).shape:
+                        continue  # the end-to-end logits checks have failed already
+                    where.append((step, micro, dp))
+                    logits.append(z)
+                    labels.append(batches[micro]["labels"])
+                    weights.append(weight)
+                    num_items.append(count_items(batches, spec.ignore_index))
+        if not where:
+            return
+        hidden = self.oracle.get("head_input_grad", 0, 0, 0, None).shape[-1] if weight_name else None
+        if any(w is None or w.shape != (logits[0].shape[-1], hidden) for w in weights):
+            weights = None
+        args = (logits, labels, weights, num_items, spec, self.train.micro_batches)
+        ref_loss, ref_hgrad = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
+        orc_loss, orc_hgrad = stages.losses_and_head_input_grads(*args, torch.float64)
+        for i, (step, micro, dp) in enumerate(where):
+            for rank, o in sorted(self.obs.items()):
+                if o.dp_rank != dp:
+                    continue
+                # The CE computes in float32 from the upcast logits: its own arithmetic is float32's.
+                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss[i], orc_loss[i], torch.float32,
+                           step=step, micro=micro, rank=rank)
+                got = o.get("head_input_grad", step, micro, None)
+                if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
+                    self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
+                               orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""
@@ -271,7 +357,8 @@ class Comparison:
             self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail=str(exc))
             return
         self.close(f"assembled[{kind}]", assembled, self.reference.get(kind, step, micro, dp, None).numpy(),
-                   self.oracle.get(kind, step, micro, dp, None).numpy(), step=step, micro=micro)
+                   self.oracle.get(kind, step, micro, dp, None).numpy(), self.floor_dtype(kind), step=step,
+                   micro=micro)
 
     def check_step(self, step: int) -> None:
         lr = self.train.lr

@@ -1,0 +1,90 @@
+"""Planted numerical errors on one rank's observations, for measuring what the checks can detect.
+
+`parity sensitivity` (parity/sensitivity.py) runs a case once, then perturbs the recorded
+observations of one rank here, in the parent, and judges them again with the same checks: no rank
+code changes, and every perturbation of a case reuses one rank run.
+
+Perturbation modes, each with a relative size eps:
+- "scale": every recorded tensor of the observable, x -> (1 + eps) x. A systematic loss of
+  precision or a wrong constant factor.
+- "element": one element of the first recorded tensor, x_i -> (1 - eps) x_i, at the element of
+  median magnitude (a typical entry, not the largest: small entries must not hide under it).
+  eps = 2 flips its sign.
+- "shard": the block of the last dimension one TP shard owns (this rank's own block of a sharded
+  record, the partition formula's block of a full one), every recorded tensor, x -> (1 - eps) x.
+  eps = 2 is one shard computed with the wrong sign.
+
+Observables group record kinds by what they are, across subject families (a loss-only subject's
+logits gradient is its "head input gradient": the gradient that leaves the stage under test).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from parity.observe.partition import shard_slice
+
+OBSERVABLES = {
+    "loss": ("loss",),
+    "logits": ("logits", "embedding"),
+    "head_input_grad": ("head_input_grad", "hidden_grad", "logits_grad"),
+    "weight_grad": ("grad", "weight_grad", "bias_grad"),
+    "weight": ("weight",),
+}
+MODES = ("scale", "element", "shard")
+MAX_EPS = {"scale": 2.0, "element": 2.0, "shard": 2.0}
+
+
+def record_keys(obs, observable: str) -> list:
+    """The keys of ``obs.tensors`` this observable covers, in recording order; initial weights
+    (step -1) are left out: they are the reference's own values, checked bitwise."""
+    kinds = OBSERVABLES[observable]
+    return [k for k in obs.tensors if k[0] in kinds and k[1] >= 0 and obs.tensors[k].size]
+
+
+def median_element(array: np.ndarray) -> tuple:
+    """Index of the nonzero element of median magnitude (any element when all are zero)."""
+    flat = np.abs(array).ravel()
+    nonzero = np.flatnonzero(flat)
+    pool = nonzero if nonzero.size else np.arange(flat.size)
+    order = pool[np.argsort(flat[pool], kind="stable")]
+    return np.unravel_index(int(order[len(order) // 2]), array.shape)
+
+
+def shard_block(array: np.ndarray, sharded: bool, tp: int, tp_rank: int):
+    """The index of one TP shard's block: all of a record the rank holds a shard of, else the
+    partition formula's block of the last dimension."""
+    if sharded or array.ndim == 0 or tp <= 1:
+        return (Ellipsis,)
+    return (Ellipsis, shard_slice(array.shape[-1], tp, tp_rank))
+
+
+def perturb(observations: dict, rank: int, observable: str, mode: str, eps: float, claims, tp: int) -> dict:
+    """A copy of ``observations`` (rank -> RankObservations) with one rank's observable perturbed.
+    Returns the input unchanged in content for ranks other than ``rank``."""
+    if mode not in MODES:
+        raise ValueError(f"perturbation mode must be one of {MODES}, got {mode!r}")
+    out = dict(observations)
+    obs = copy.copy(observations[rank])
+    obs.tensors = dict(obs.tensors)
+    keys = record_keys(obs, observable)
+    if mode == "element":
+        keys = keys[:1]
+    for key in keys:
+        array = obs.tensors[key].copy()
+        if mode == "scale":
+            array *= 1 + eps
+        elif mode == "element":
+            array[median_element(array)] *= 1 - eps
+        else:
+            kind, name = key[0], key[3]
+            dim = claims.micro_records.get(kind) if kind in claims.micro_records else claims.param_shards.get(name)
+            array[shard_block(array, dim is not None, tp, obs.tp_rank)] *= 1 - eps
+        obs.tensors[key] = array
+    out[rank] = obs
+    return out
+
+
+def available(observations: dict, rank: int, observable: str) -> bool:
+    return bool(record_keys(observations[rank], observable))

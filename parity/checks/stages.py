@@ -1,0 +1,77 @@
+"""Stage-local oracles: one stage of a training step re-evaluated on the subject's own inputs to it.
+
+An end-to-end comparison inherits every rounding upstream of the quantity compared (after a few
+SGD steps in bf16 the subject's weights, and so its logits, differ from the reference's by many
+roundings), so its bound must allow for them and a small error made in the stage itself hides
+under them. Here the subject's recorded stage inputs are taken as exact, and the stage is done
+twice by the reference's code (references/loss.py: plain torch, no framework under test): at the
+case dtype, as an unsharded user's run would do it, and in float64 (the stage oracle). The
+subject's stage output is then held to the stage reference's own error on those very inputs.
+
+Stages:
+- logits, targets -> loss (the CE computes in float32 from upcast logits: floor float32).
+- logits, targets, head weight -> head-input gradient: the CE's logits gradient at the case dtype,
+  times the head weight (Linear's backward, a case-dtype matmul).
+- gradient -> SGD update is parity.checks.compare's sgd_update (w' = w - lr g on the rank's own
+  values).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from references.loss import causal_lm_loss
+
+
+def _objective(loss: torch.Tensor, reduction: str, micro_batches: int) -> torch.Tensor:
+    # references.trajectory: reduction "none" backpropagates the sum, every loss is divided by GAS.
+    return (loss.sum() if reduction == "none" else loss) / micro_batches
+
+
+# The stage reference is a pure function of its inputs; `parity sensitivity` judges one case's
+# observations many times with most stage inputs unchanged, so recent results are kept, keyed by the
+# inputs' bytes.
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 64
+_LOCK = threading.Lock()  # parity run -j judges cases in threads
+
+
+def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
+                                micro_batches: int, dtype: torch.dtype):
+    """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss and,
+    with ``weights`` (weights[i] the full [V, H] head weight it ran with), the head-input gradient
+    [B*T, H], computed from those logits in ``dtype`` the reference's way; float64 is the oracle.
+
+    One autograd graph for all micro-batches of a case (their losses are independent, so one
+    backward of their sum gives each one's gradient): a graph per micro-batch cost ten times more."""
+    key = (b"".join(a.tobytes() for a in logits), logits[0].shape, len(logits),
+           b"".join(t.numpy().tobytes() for t in labels),
+           None if weights is None else b"".join(w.tobytes() for w in weights), tuple(num_items), spec,
+           micro_batches, dtype)
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    result = _compute(logits, labels, weights, num_items, spec, micro_batches, dtype)
+    with _LOCK:
+        _CACHE[key] = result
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return result
+
+
+def _compute(logits, labels, weights, num_items, spec, micro_batches, dtype):
+    z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(weights is not None)
+    losses = [causal_lm_loss(z[i], labels[i], reduction=spec.reduction, ignore_index=spec.ignore_index,
+                             num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None)
+              for i in range(len(logits))]
+    grads = [None] * len(logits)
+    if weights is not None:
+        sum(_objective(loss, spec.reduction, micro_batches) for loss in losses).backward()
+        w = torch.from_numpy(np.stack(weights)).to(dtype)
+        dz = z.grad.reshape(len(logits), -1, z.shape[-1])
+        grads = list(torch.bmm(dz, w).detach().double().numpy())
+    return [loss.detach().double().numpy() for loss in losses], grads

@@ -1,0 +1,124 @@
+"""The element-wise, RMS and stage-local criteria (parity/checks/tolerances.py, stages.py): each
+passes an honest result and catches the planted error it is designed for, one the max criterion
+alone lets through."""
+import numpy as np
+import pytest
+import torch
+
+from parity.checks import perturb
+from parity.checks.compare import compare, reference_pair
+from parity.checks.tolerances import judge_close, parity_bound, unit_roundoff
+from parity.observe.observations import RankObservations
+from parity.subjects import SUBJECTS
+
+BF16_U = unit_roundoff("bf16")
+
+
+def rounded(oracle: np.ndarray, dtype=torch.bfloat16) -> np.ndarray:
+    """The oracle rounded once to ``dtype``: what an honest low-precision result looks like."""
+    return torch.from_numpy(oracle).to(dtype).double().numpy()
+
+
+@pytest.fixture
+def oracle():
+    return np.random.default_rng(0).normal(size=(6, 64)) * np.exp(np.random.default_rng(1).normal(size=(6, 64)))
+
+
+def test_an_honest_rounding_passes_every_criterion(oracle):
+    ref = rounded(oracle)
+    other = rounded(oracle * (1 + 1e-9))  # another rounding of the same values: a different run's result
+    judged = judge_close(other, ref, oracle, "bf16")
+    assert judged.passed, judged
+
+
+def test_rms_catches_a_systematic_scale_the_max_floor_hides(oracle):
+    ref = rounded(oracle)
+    scaled = rounded(oracle * (1 + 2.5 * BF16_U))  # 1% in bf16
+    max_only = parity_bound("bf16", float(np.abs(ref - oracle).max()), float(np.abs(oracle).max())).value
+    assert np.abs(scaled - oracle).max() <= max_only  # the max criterion alone accepts it
+    judged = judge_close(scaled, ref, oracle, "bf16")
+    assert not judged.passed and judged.criterion == "rms"
+
+
+def test_element_wise_catches_a_small_entry_under_the_largest(oracle):
+    ref = rounded(oracle)
+    got = ref.copy()
+    max_only = parity_bound("bf16", float(np.abs(ref - oracle).max()), float(np.abs(oracle).max())).value
+    order = np.argsort(np.abs(oracle), axis=None)
+    small = np.unravel_index(int(order[len(order) // 4]), oracle.shape)  # a quarter of the entries are smaller
+    got[small] += 0.5 * max_only  # a small entry corrupted: by half of what the max criterion allows
+    assert np.abs(got - oracle).max() <= max_only
+    judged = judge_close(got, ref, oracle, "bf16")
+    assert not judged.passed and judged.criterion == "element" and judged.index == tuple(int(i) for i in small)
+
+
+def test_the_floor_is_the_compute_dtype_not_the_case_dtype():
+    oracle = np.array(3.25)
+    ref = np.array(3.25 + 1e-7)  # a float32 loss from exact bf16 logits
+    got = np.array(3.25 * (1 + 1e-4))  # far below bf16's floor, far above float32's
+    assert judge_close(got, ref, oracle, "bf16").passed
+    assert not judge_close(got, ref, oracle, torch.float32).passed
+
+
+def test_small_tensors_are_judged_by_the_max_criterion_alone():
+    oracle = np.linspace(1, 2, 8)
+    ref = rounded(oracle)
+    judged = judge_close(rounded(oracle * (1 + 2 * BF16_U)), ref, oracle, "bf16")
+    assert judged.criterion == "max"
+
+
+# -- stage-local oracles, end to end: the reference's own trajectory played back as a subject's -----
+
+CASE = {"dtype": "bf16", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": True, "head": "lm_head",
+        "ignore": "scattered", "zero": 0, "gas": 2, "tp": 1, "dp": 1, "device": "cpu"}
+
+
+def played_back(subject, values):
+    """One rank holding exactly the reference's values: an honest unsharded run at the case dtype."""
+    reference, _ = reference_pair(subject, values)
+    obs = RankObservations(0, 0, 0)
+    for (kind, step, micro, dp, name), tensor in reference.records.items():
+        obs.tensors[(kind, step, micro, name)] = tensor.numpy().copy()
+    return {0: obs}
+
+
+def numerical(checks, name):
+    """The checks called ``name``: a record kind's (any parameter), or exactly "loss[stage]"."""
+    return [c for c in checks if c.name == name or (name.split("[")[0] == name and c.name.split("[")[0] == name
+                                                    and not c.name.endswith("[stage]"))]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_stage_checks_pass_the_reference_and_run_on_every_micro_batch(dtype):
+    subject, values = SUBJECTS["column_gathered"], {**CASE, "dtype": dtype}
+    reference, oracle = reference_pair(subject, values)
+    checks = compare(subject, values, played_back(subject, values), reference, oracle)
+    for name in ("loss[stage]", "head_input_grad[stage]", "loss", "logits", "head_input_grad", "grad", "weight"):
+        found = numerical(checks, name)
+        assert found and all(c.passed for c in found), (name, [c.describe() for c in found if not c.passed])
+    assert len(numerical(checks, "loss[stage]")) == len(numerical(checks, "head_input_grad[stage]")) == 10
+    # A stage check is named as its record kind's, so a known divergence that covers "loss" covers it.
+    assert all(c.name.split("[")[0] == "loss" for c in numerical(checks, "loss[stage]"))
+
+
+def judged_with(observable, mode, eps):
+    subject, values = SUBJECTS["column_gathered"], CASE
+    reference, oracle = reference_pair(subject, values)
+    obs = perturb.perturb(played_back(subject, values), 0, observable, mode, eps, subject.claims(values), 1)
+    return compare(subject, values, obs, reference, oracle)
+
+
+def test_the_loss_stage_catches_what_the_end_to_end_bound_inherits_room_for():
+    checks = judged_with("loss", "scale", 1e-4)  # a loss computed in bf16 is off by ~1e-3
+    assert all(c.passed for c in numerical(checks, "loss"))  # end to end: within the inherited bf16 rounding
+    assert not all(c.passed for c in numerical(checks, "loss[stage]"))
+
+
+def test_the_head_input_grad_stage_catches_a_one_percent_scale_in_bf16():
+    assert not all(c.passed for c in numerical(judged_with("head_input_grad", "scale", 1e-2), "head_input_grad[stage]"))
+
+
+@pytest.mark.parametrize("mode", ["scale", "element", "shard"])
+def test_no_perturbation_no_failure_and_a_sign_flip_is_always_caught(mode):
+    assert all(c.passed for c in numerical(judged_with("logits", mode, 0.0), "logits"))
+    assert not all(c.passed for c in numerical(judged_with("logits", mode, 2.0), "logits"))
