@@ -82,17 +82,16 @@ def cmd_explore(args) -> int:
     diverged = [v for v in result.verdicts if v.status == "diverged"]
     for v in diverged:
         print(f"  known divergence: {v.case.id}: {v.reason.splitlines()[0][:300]}")
-    if args.report:
-        from parity.report.console import write_report
-
-        write_report(args.report, [v.as_dict() for v in result.verdicts], result.seconds, ["parity", *args.argv])
     status = 0
     if result.failure is not None:
         status = 1
-        print("\nFAILED, shrunk to a minimal case:\n" + result.failure.explain())
         path, command = write_failure(result, args.report or tempfile.mkdtemp(prefix="parity-explore-"))
+        print("\nFAILED, shrunk to a minimal case:\n" + result.failure.explain())
         print(f"\na ready case-file entry (written to {path}):\n\n{path.read_text()}\nrun it alone:\n  {command}")
-    if args.report:
+    if args.report:  # after write_failure: the failure's reproducer names the file written
+        from parity.report.console import write_report
+
+        write_report(args.report, [v.as_dict() for v in result.verdicts], result.seconds, ["parity", *args.argv])
         summary = {"seed": result.seed, "budget_s": result.budget_s, "max_world": result.max_world,
                    "subjects": result.subjects, "seconds": round(result.seconds, 1), "stopped_by": result.stopped_by,
                    "counts": dict(counts), "not_generated": dict(result.not_generated),

@@ -31,7 +31,7 @@ from parity.matrix.cases import load_file
 
 # Rank groups of different world sizes kept warm at once. Each rank imports torch and DeepSpeed
 # (a few hundred MB); drawing tp from 2..8 would otherwise keep up to 35 processes alive.
-POOLS_KEPT = 2
+POOLS_KEPT = 3
 FAILURE_FILE = "explore-failure.toml"
 
 
@@ -162,5 +162,7 @@ def write_failure(result: Exploration, directory) -> tuple[Path, str]:
     (again,) = load_file(path)
     if again.id != case.id or again.values != case.values:
         raise RuntimeError(f"{path} makes {again.id}, not the failing {case.id}")
+    # From here on the failure's reproducer (Verdict.repro, the report) names the file just written.
+    result.failure.case = replace(case, source=f"{path}:matrix[0]")
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(result.failure.env.items()))
     return path, f"{env}parity run --matrix {shlex.quote(str(path))} --case {case.id}"
