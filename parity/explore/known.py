@@ -6,11 +6,13 @@ Two ways an explored case meets a mark:
    with its expectation, divergence mark and declared collectives, judged exactly as `parity run`
    judges it.
 2. A mark that generalises: a ``[[matrix]]`` entry of the same subject with a ``known_divergence``
-   (and no ``expect.error``) whose explicitly listed axes all admit the case, the scale axes
-   (vocab, hidden, tp, dp, gas, grain, chunk) aside: an entry fixes those to keep its cases few,
-   while the behaviour it documents depends on the configuration (dtype, ZeRO stage, clipping,
-   ignore_index, ...). Scale-dependent marks (an empty shard) name the crash in ``raises``, so the
-   evidence still has to match.
+   (and no ``expect.error``) whose explicitly listed axes all admit the case; the axes it leaves at
+   their defaults are free. A crash mark (``raises``) also frees the scale axes (vocab, hidden, tp,
+   dp, gas, grain, chunk) it lists: its evidence, one rank raising that very error while the others
+   merely lose their peer, is specific enough to carry over sizes (an empty shard at 5 over 4 is the
+   one at 9 over 4). A numerical mark's evidence is only a list of checks allowed to fail, which
+   any bug of the same tensors would also meet, so it carries over nothing it lists: the Liger-gate
+   mark (vocab 18, grain 4, tp 3) must not excuse a gradient miss at vocab 2 with equal shards.
 
 A mark is only an explanation, and it must fit the evidence: the case's outcome is judged again
 with the mark attached, and only a "diverged" verdict (every failed check covered by the mark's
@@ -33,7 +35,7 @@ SCALE_AXES = frozenset(RANGES)
 class Mark:
     source: str  # "cases/file.toml:matrix[i]"
     subject: str
-    axes: tuple  # ((axis, allowed values), ...): the entry's explicit axes, scale axes left out
+    axes: tuple  # ((axis, allowed values), ...): the entry's explicit axes (a crash mark's scale axes left out)
     divergence: KnownDivergence
 
     def admits(self, case: Case) -> bool:
@@ -52,8 +54,9 @@ def marks(paths=None) -> list[Mark]:
             if "known_divergence" not in table or "expect" in table:
                 continue
             (first, *_) = expand_matrix(_display(path), i, table)  # validates the entry, parses its mark
+            crash = bool(first.divergence.raises)
             explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in table.get("axes", {}).items()
-                             if a not in SCALE_AXES)
+                             if not (crash and a in SCALE_AXES))
             found.append(Mark(first.source, table["subject"], explicit, first.divergence))
     return found
 

@@ -106,6 +106,18 @@ def test_a_mark_does_not_explain_another_failure():
     assert verdict.status == FAILED, verdict.reason
 
 
+def test_a_numerical_mark_does_not_carry_over_the_sizes_it_lists():
+    # The Liger-gate mark lists vocab 18, grain 4, tp 3 (unequal shards 8/4/6); at vocab 2 the shards
+    # are equal and a failure there is not that divergence, however the failed checks are named.
+    values = {"backend": "liger", "dtype": "fp32", "reduction": "mean", "vocab": 2, "hidden": 2, "bias": True,
+              "head": "model.lm_head", "ignore": "scattered", "zero": 1, "gas": 2, "tp": 2, "dp": 1, "grain": 5,
+              "clip": 0.0, "device": "cpu", "ignore_index": -100, "triton": "claimed"}
+    gate = [m for m in MARKS.marks if "liger_gate" in m.divergence.repro and m.subject == "vocab_parallel"]
+    assert gate and not any(m.admits(explored_case("vocab_parallel", values)) for m in gate)
+    at_its_sizes = {**values, "vocab": 18, "grain": 4, "tp": 3, "head": "lm_head", "zero": 0}
+    assert any(m.admits(explored_case("vocab_parallel", at_its_sizes)) for m in gate)
+
+
 def _explore(tmp_path, mutant: str | None):
     env = {k: v for k, v in os.environ.items() if k != "PARITY_MUTANT"}
     if mutant:
