@@ -1,7 +1,8 @@
-"""parity list | run | diff | mutants | bench | scale | sensitivity: the command-line face of the suite.
+"""parity list | run | explore | diff | mutants | bench | scale | sensitivity: the command-line face of the suite.
 
 Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
-(or a diff got worse, a mutant survived); 2 bad input, named in one line on stderr; 130 interrupted.
+(or a diff got worse, a mutant survived, explore found a failure); 2 bad input, named in one line on
+stderr; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -216,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rerun-failed", metavar="DIR",
                      help="run the cases that failed in the report DIR/summary.json (and, under --strict, "
                           "those that xpassed); -k and --device narrow them further")
+    from parity.explore.cli import add_arguments as add_explore_arguments
+
+    add_explore_arguments(sub.add_parser("explore", help="property-based search (hypothesis) for failing cases "
+                                         "beyond the case files, within a wall-time budget",
+                                         description="property-based search (hypothesis) for failing cases beyond "
+                                         "the case files; a failure is shrunk and printed as a ready case-file entry"))
     add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse",
                                       description="compare two report directories; exits 1 if a verdict got worse"))
     mutants = sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch",
@@ -252,6 +259,10 @@ def dispatch(args) -> int:
         from parity.sensitivity import cmd_sensitivity
 
         return cmd_sensitivity(args)
+    if args.command == "explore":
+        from parity.explore.cli import cmd_explore
+
+        return cmd_explore(args)
     if args.command == "mutants":
         from parity.mutation.check import run
 

@@ -15,7 +15,7 @@ LAYERS = [
     ("parity.checks",),
     ("parity.harness",),
     ("parity.report",),
-    ("parity.mutation.check", "parity.torchrun_launch", "parity.bench", "parity.scale", "parity.sensitivity", "parity.cli"),
+    ("parity.mutation.check", "parity.torchrun_launch", "parity.bench", "parity.scale", "parity.sensitivity", "parity.cli", "parity.explore"),
 ]
 
 

@@ -166,7 +166,7 @@ def test_cpu_jobs_run_the_gpu_runners_command():
 
 def test_artifacts_upload_even_when_tests_fail():
     jobs = _workflow()["jobs"]
-    for job_id in ("cpu", "mutation", "gpu"):
+    for job_id in ("cpu", "mutation", "explore", "gpu"):
         uploads = [s for s in jobs[job_id]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
         assert uploads and all("always()" in s.get("if", "") for s in uploads), job_id
     assert any("kill_matrix.json" in s.get("with", {}).get("path", "") for s in jobs["mutation"]["steps"])
@@ -262,3 +262,33 @@ def test_the_paid_gpu_job_needs_a_label_on_pull_requests():
         "pull_request does not trigger on `labeled`: adding the label would start nothing",
         "job cpu: reruns when a label is added",
         "concurrency: a label event would cancel the running CPU jobs"]
+
+
+def schedule_problems(workflow: dict) -> list[str]:
+    """The nightly schedule runs `parity explore` (budget, seed, report) and nothing else."""
+    problems = []
+    if not workflow["on"].get("schedule"):
+        problems.append("no schedule trigger: the nightly explore job never runs")
+    job = workflow["jobs"].get("explore")
+    if job is None:
+        return problems + ["no explore job"]
+    if "github.event_name == 'schedule'" not in str(job.get("if", "")):
+        problems.append("job explore: does not run on the schedule")
+    commands = [shlex.split(EXPRESSION.sub("N", run)) for _, run in runs({"jobs": {"explore": job}})]
+    explore = [c for c in commands if c[:2] == [".venv/bin/parity", "explore"]]
+    if not explore or not {"--budget", "--seed", "--report"} <= set(explore[0]):
+        problems.append("job explore: does not run `parity explore --budget S --seed N --report DIR`")
+    for job_id in (j for j in workflow["jobs"] if j != "explore"):
+        if "github.event_name != 'schedule'" not in str(workflow["jobs"][job_id].get("if", "")):
+            problems.append(f"job {job_id}: runs on the nightly schedule too")
+    return problems
+
+
+def test_nightly_schedule_runs_explore_alone():
+    assert schedule_problems(_workflow()) == []
+    bare = {"on": {"push": None}, "jobs": {"cpu": {}, "explore": {"steps": [{"run": ".venv/bin/parity explore"}]}}}
+    assert schedule_problems(bare) == [
+        "no schedule trigger: the nightly explore job never runs",
+        "job explore: does not run on the schedule",
+        "job explore: does not run `parity explore --budget S --seed N --report DIR`",
+        "job cpu: runs on the nightly schedule too"]

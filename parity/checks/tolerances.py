@@ -162,6 +162,8 @@ def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = Fal
         return 0.0
     # bf16/fp16: the master weight is within half a unit of the model weight, plus the cast back:
     # one unit in all. Clipping scales the gradient by a rounded coefficient first: one more unit.
+    # weight_scale: the larger magnitude of the weights before and after the update (the master's
+    # half unit is relative to the weight before, the cast's to the weight after).
     units = (2 if dtype_name != "fp32" else 0) + (2 if clipped else 0)
     return units * unit_roundoff(dtype_name) * weight_scale
 

@@ -1,0 +1,105 @@
+"""`parity explore`: its options and what it prints. Imports the search (and hypothesis) only when run,
+so building the CLI's parser stays cheap."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+DEFAULT_BUDGET_S = 600.0
+DEFAULT_SEED = 0
+DEFAULT_MAX_WORLD = 4
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                   help=f"wall time to spend generating cases (default {DEFAULT_BUDGET_S:g}); shrinking a failure "
+                        "stops with it too, and the run ends after the case in flight")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"hypothesis seed: the same seed draws the same cases in the same order (default {DEFAULT_SEED})")
+    p.add_argument("--max-examples", type=int, metavar="N",
+                   help="stop after N cases run, whatever the budget left (reproducible by count, not by time)")
+    p.add_argument("--subject", action="append", metavar="NAME",
+                   help="search only this subject (repeatable; default: every subject but ds_reject)")
+    p.add_argument("--max-world", type=int, default=DEFAULT_MAX_WORLD, metavar="N",
+                   help=f"largest rank group (tp x dp) to draw (default {DEFAULT_MAX_WORLD}; tp is drawn from 2..8 "
+                        "within it)")
+    p.add_argument("--report", metavar="DIR",
+                   help="write DIR/explore.json, the suite's report of every explored case, and the shrunk failure "
+                        "as DIR/explore-failure.toml (default for the failure file: a temp dir)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
+    p.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
+
+
+def _line(verdict, n: int) -> str:
+    text = f"[{n}] {verdict.status.upper():8} {verdict.case.id}"
+    if verdict.status != "passed":
+        text += f"\n    {verdict.first_failure.splitlines()[0] if verdict.first_failure else ''}"
+    return text
+
+
+def cmd_explore(args) -> int:
+    # SelectionError: the CLI prints it as one line and exits 2 (parity.cli cannot be imported from here:
+    # it imports this module).
+    from parity.matrix.cases import SelectionError as UsageError
+    from parity.explore.domains import NOT_EXPLORED, explorable_subjects
+    from parity.mutation.catalog import BY_NAME, ENV_VAR as MUTANT_VAR, apply_from_env
+    from parity.subjects import SUBJECTS
+
+    subjects = args.subject or explorable_subjects()
+    for name in subjects:
+        if name not in SUBJECTS:
+            raise UsageError(f"--subject {name}: no such subject (known: {', '.join(explorable_subjects())})")
+        if name in NOT_EXPLORED:
+            raise UsageError(f"--subject {name}: not explored: {NOT_EXPLORED[name]}")
+    if args.max_world < 2:
+        raise UsageError(f"--max-world {args.max_world}: want at least 2 (tp is drawn from 2..8)")
+    if args.budget <= 0 or (args.max_examples is not None and args.max_examples < 1):
+        raise UsageError("--budget and --max-examples want positive values")
+    mutant = os.environ.get(MUTANT_VAR, "").strip()
+    if mutant and mutant not in BY_NAME:
+        raise UsageError(f"{MUTANT_VAR}={mutant}: no such mutant (see `parity mutants --list`)")
+    apply_from_env("parent")  # a reference mutant lives where the references run, as in `parity run`
+
+    from parity.explore.search import explore, write_failure
+
+    print(f"exploring {len(subjects)} subjects for {args.budget:g} s (seed {args.seed}, world <= {args.max_world}"
+          + (f", at most {args.max_examples} cases" if args.max_examples else "") + ")", flush=True)
+    shown = []
+
+    def on_verdict(v):
+        shown.append(v)
+        print(_line(v, len(shown)), flush=True)
+
+    result = explore(subjects, args.budget, args.seed, args.max_world, args.max_examples, args.timeout, args.logs,
+                     on_verdict)
+    counts = result.counts
+    print(f"\nexplored {len(result.verdicts)} cases in {result.seconds:.0f} s, stopped by {result.stopped_by}: "
+          + ", ".join(f"{counts[s]} {s}" for s in ("passed", "diverged", "xpassed", "skipped", "failed") if counts[s]))
+    for reason, n in result.not_generated.most_common():
+        print(f"  not generated ({n} points drawn): {reason}")
+    diverged = [v for v in result.verdicts if v.status == "diverged"]
+    for v in diverged:
+        print(f"  known divergence: {v.case.id}: {v.reason.splitlines()[0][:300]}")
+    status = 0
+    if result.failure is not None:
+        status = 1
+        path, command = write_failure(result, args.report or tempfile.mkdtemp(prefix="parity-explore-"))
+        print("\nFAILED, shrunk to a minimal case:\n" + result.failure.explain())
+        print(f"\na ready case-file entry (written to {path}):\n\n{path.read_text()}\nrun it alone:\n  {command}")
+    if args.report:  # after write_failure: the failure's reproducer names the file written
+        from parity.report.console import write_report
+
+        write_report(args.report, [v.as_dict() for v in result.verdicts], result.seconds, ["parity", *args.argv])
+        summary = {"seed": result.seed, "budget_s": result.budget_s, "max_world": result.max_world,
+                   "subjects": result.subjects, "seconds": round(result.seconds, 1), "stopped_by": result.stopped_by,
+                   "counts": dict(counts), "not_generated": dict(result.not_generated),
+                   "cases": [{"id": v.case.id, "verdict": v.status, "reason": v.reason} for v in result.verdicts],
+                   "failure": None if result.failure is None else {
+                       "id": result.failure.case.id, "axes": result.failure.case.values,
+                       "first_failure": result.failure.first_failure}}
+        with open(os.path.join(args.report, "explore.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+        print(f"wrote {args.report}/: explore.json, summary.json, results.jsonl, summary.md, report.html", file=sys.stderr)
+    return status

@@ -1,0 +1,122 @@
+"""What the search may draw: each explorable subject's axes over their whole domains.
+
+A drawn point becomes a Case exactly as a one-entry case file would make it (``cases.expand_matrix``),
+so an explored case has the id, markers and expectation its case-file twin would have, and the
+entry that reproduces it is printable as TOML (``entry_toml``).
+
+Draw order is chosen for shrinking: hypothesis shrinks an integer towards the low end of its range
+and a choice towards its first value, so the ranges start at their smallest meaningful value and
+each axis's default comes first. A shrunk failure then differs from the defaults only where it must.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from parity.matrix.axes import AXES
+from parity.matrix.cases import Case, expand_matrix
+from parity.observe.partition import shard_sizes
+from parity.subjects import SUBJECTS
+
+# Integer axes accept any integer >= their minimum; the search draws from these ranges.
+#  vocab 2..300, tp 2..8: the issue's domains (tp is further capped by --max-world, the CPU ranks
+#    this machine can host); 300 is past the largest vocabulary of the matrix (269) and odd/prime
+#    sizes are dense in it.
+#  hidden 2..64: the tiny LM's hidden size; past 64 nothing new is sharded, only more arithmetic.
+#  dp 1..4 (world = tp * dp, capped by --max-world), gas 1..4 (the accumulation loop is the same
+#    code for every count above 2), grain 1..64 (64: init_inference's default), chunk 0..16 (a
+#    micro-batch has 12 tokens: 13..16 is "one chunk bigger than the input").
+RANGES = {"vocab": (2, 300), "tp": (2, 8), "hidden": (2, 64), "dp": (1, 4), "gas": (1, 4), "grain": (1, 64),
+          "chunk": (0, 16)}
+# Values the search does not draw, with why: they are documented refusals (expect.error entries
+# of the case files), not parity cases, so drawing them would only rediscover the refusal.
+HELD_AXES = {
+    "backward": ("once", "retained-graph and create_graph backwards are refusals for most loss subjects "
+                         "(cases/loss_backward.toml)"),
+    "targets": ("valid", "an out-of-range target is a refusal by contract (cases/liger_ce.toml)"),
+    "device": ("cpu", "cuda cases run on GPU machines (parity run --device cuda)"),
+}
+# Subjects not searched: ds_reject's variants are fixed refusal scenarios, one case each.
+NOT_EXPLORED = {"ds_reject": "its cases are documented refusals, one per variant, not a parity domain"}
+EXPLORE_SOURCE = "<explore>"
+
+
+def explorable_subjects() -> list[str]:
+    return [n for n in SUBJECTS if n not in NOT_EXPLORED and not n.startswith("_")]
+
+
+def default_of(subject_name: str, axis: str):
+    return SUBJECTS[subject_name].defaults.get(axis, AXES[axis].default)
+
+
+def _choices(subject_name: str, axis: str) -> list:
+    allowed = SUBJECTS[subject_name].axes[axis]
+    values = list(allowed if allowed is not None else AXES[axis].values)
+    default = default_of(subject_name, axis)
+    return sorted(values, key=lambda v: not (type(v) is type(default) and v == default))  # stable: default first
+
+
+@st.composite
+def points(draw, subjects: list[str], max_world: int):
+    """(subject name, axis values) over the subjects' whole domains, world <= max_world."""
+    name = draw(st.sampled_from(subjects))
+    values = {}
+    for axis, allowed in SUBJECTS[name].axes.items():
+        if axis in HELD_AXES:
+            values[axis] = HELD_AXES[axis][0]
+        elif axis in RANGES:
+            lo, hi = RANGES[axis]
+            if axis == "tp":
+                hi = min(hi, max_world)
+            elif axis == "dp":  # drawn after tp (every subject lists tp first): the world must fit
+                lo, hi = 1, max(1, min(hi, max_world // values["tp"]))
+            if allowed is None:
+                values[axis] = draw(st.integers(lo, hi))
+            else:  # a subject that supports a few sizes only (the hf_plan subjects: tp 2)
+                values[axis] = draw(st.sampled_from(sorted(v for v in allowed if lo <= v <= hi) or [min(allowed)]))
+        else:
+            values[axis] = draw(st.sampled_from(_choices(name, axis)))
+    return name, values
+
+
+def not_a_case(name: str, values: dict, max_world: int) -> str | None:
+    """Why a drawn point is not a case this machine should run (None: it is). Counted, never run."""
+    subject = SUBJECTS[name]
+    if subject.world_size(values) > max_world:
+        return f"world {subject.world_size(values)} > --max-world {max_world}"
+    claims = subject.claims(values)
+    vocab_sharded = not claims.param_shards or 0 in claims.param_shards.values()
+    if claims.split == "near_even" and vocab_sharded and min(shard_sizes(values["vocab"], values["tp"],
+                                                                         values.get("grain", 1))) == 0:
+        # DeepSpeed refuses an empty vocabulary shard by design (ds_reject vocab_empty_shard / ce_empty_shard).
+        return "an empty vocabulary shard (DeepSpeed refuses it: ds_reject vocab_empty_shard, ce_empty_shard)"
+    return subject.unavailable_reason(values)
+
+
+def explored_case(name: str, values: dict, source: str = EXPLORE_SOURCE) -> Case:
+    """The case a one-entry case file with these axes makes (same id, markers, validation)."""
+    (case,) = expand_matrix(source, 0, entry_table(name, values))
+    return case
+
+
+def entry_table(name: str, values: dict) -> dict:
+    # Only the axes off their defaults: the rest are filled in by the case file's own defaults.
+    shown = {a: [v] for a, v in values.items() if not (type(v) is type(default_of(name, a))
+                                                         and v == default_of(name, a))}
+    return {"subject": name, "axes": shown}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def entry_toml(name: str, values: dict, description: str) -> str:
+    """A ready [[matrix]] entry for cases/*.toml that makes exactly this case."""
+    table = entry_table(name, values)
+    lines = ["[[matrix]]", f"subject = {_toml_value(name)}", f"description = {_toml_value(description)}",
+             "[matrix.axes]"]
+    lines += [f"{a} = [{_toml_value(v[0])}]" for a, v in table["axes"].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""Is a failing explored case a documented divergence? The case files' own marks decide.
+
+Two ways an explored case meets a mark:
+
+1. Its twin: a default-matrix case with the same id and axes. The explored case is then that case,
+   with its expectation, divergence mark and declared collectives, judged exactly as `parity run`
+   judges it.
+2. A mark that generalises: a ``[[matrix]]`` entry of the same subject with a ``known_divergence``
+   (and no ``expect.error``) whose explicitly listed axes all admit the case; the axes it leaves at
+   their defaults are free. A crash mark (``raises``) also frees the scale axes (vocab, hidden, tp,
+   dp, gas, grain, chunk) it lists: its evidence, one rank raising that very error while the others
+   merely lose their peer, is specific enough to carry over sizes (an empty shard at 5 over 4 is the
+   one at 9 over 4). A numerical mark's evidence is only a list of checks allowed to fail, which
+   any bug of the same tensors would also meet, so it carries over nothing it lists: the Liger-gate
+   mark (vocab 18, grain 4, tp 3) must not excuse a gradient miss at vocab 2 with equal shards.
+
+A mark is only an explanation, and it must fit the evidence: the case's outcome is judged again
+with the mark attached, and only a "diverged" verdict (every failed check covered by the mark's
+``checks``, or the named crash on some rank with the others merely lost to it) makes it a known
+divergence. A failure the mark does not cover stays a failure.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.explore.domains import RANGES
+from parity.matrix.cases import Case, KnownDivergence, _display, default_files, expand_matrix, load
+
+SCALE_AXES = frozenset(RANGES)
+
+
+@dataclass(frozen=True)
+class Mark:
+    source: str  # "cases/file.toml:matrix[i]"
+    subject: str
+    axes: tuple  # ((axis, allowed values), ...): the entry's explicit axes (a crash mark's scale axes left out)
+    divergence: KnownDivergence
+
+    def admits(self, case: Case) -> bool:
+        values = case.values
+        return case.subject == self.subject and all(
+            any(type(values[a]) is type(v) and values[a] == v for v in allowed) for a, allowed in self.axes)
+
+
+def marks(paths=None) -> list[Mark]:
+    """Every divergence mark of the case files that could generalise (expect.error entries do not:
+    their whole point is one refusal)."""
+    found = []
+    for path in (Path(p) for p in (paths or default_files())):
+        tables = tomllib.loads(path.read_text()).get("matrix", [])
+        for i, table in enumerate(tables):
+            if "known_divergence" not in table or "expect" in table:
+                continue
+            (first, *_) = expand_matrix(_display(path), i, table)  # validates the entry, parses its mark
+            crash = bool(first.divergence.raises)
+            explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in table.get("axes", {}).items()
+                             if not (crash and a in SCALE_AXES))
+            found.append(Mark(first.source, table["subject"], explicit, first.divergence))
+    return found
+
+
+class Marks:
+    """The default matrix's cases by id and its generalising marks, loaded once per search."""
+
+    def __init__(self, paths=None):
+        self.twins = {c.id: c for c in load(paths)}
+        self.marks = marks(paths)
+
+    def twin(self, case: Case) -> Case | None:
+        twin = self.twins.get(case.id)
+        return twin if twin is not None and twin.values == case.values else None
+
+    def candidates(self, case: Case) -> list[Mark]:
+        return [m for m in self.marks if m.admits(case)]

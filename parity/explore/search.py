@@ -1,0 +1,168 @@
+"""The search: hypothesis draws points (domains.py), each becomes a case run by the harness's rank
+groups and judged as `parity run` judges it; a failure is shrunk by hypothesis to a minimal case.
+
+Why hypothesis's own loop, with the budget checked in the test body: a ``settings`` cannot bound
+wall time, and a hand-written loop would lose hypothesis's shrinking and seeding. So:
+- generation runs until the budget is spent, then the body raises ``BudgetSpent``: a BaseException,
+  which hypothesis lets through at once (as it does KeyboardInterrupt) instead of shrinking it;
+- once a failure was seen, hypothesis shrinks it; every case already run answers from a cache (a
+  case is never run twice, and hypothesis's final replay of the minimal example sees the verdict
+  it shrank to), and after the budget an unseen shrink candidate "passes" without running, so the
+  shrinker stops improving and reports the smallest failure found in time;
+- ``@seed`` and ``database=None`` make the sequence of drawn cases a function of the seed alone
+  (which prefix of it runs depends on the budget; ``max_examples`` bounds it by count instead).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed as fixed_seed, settings
+
+from parity.checks.verdict import DIVERGED, FAILED, Verdict
+from parity.explore.domains import entry_toml, explored_case, not_a_case, points
+from parity.explore.known import Marks
+from parity.harness.rank_pool import PoolStartError
+from parity.harness.runner import DEFAULT_CASE_TIMEOUT_S, Runner, judge, skip_verdict, timed_verdict
+from parity.matrix.cases import load_file
+
+# Rank groups of different world sizes kept warm at once. Each rank imports torch and DeepSpeed
+# (a few hundred MB); drawing tp from 2..8 would otherwise keep up to 35 processes alive.
+POOLS_KEPT = 3
+FAILURE_FILE = "explore-failure.toml"
+
+
+class BudgetSpent(BaseException):
+    """The wall-time budget is spent and no failure is being shrunk: stop generating."""
+
+
+class ExploredFailure(Exception):
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.first_failure)
+        self.verdict = verdict
+
+
+@dataclass
+class Exploration:
+    seed: int
+    budget_s: float
+    max_world: int
+    subjects: list
+    verdicts: list = field(default_factory=list)  # every case run, in the order it ran
+    not_generated: Counter = field(default_factory=Counter)  # reason -> distinct points drawn and not run
+    failure: Verdict | None = None  # the shrunk failure
+    stopped_by: str = ""  # "budget", "max_examples" or "failure"
+    seconds: float = 0.0
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(v.status for v in self.verdicts)
+
+
+def _keep_pools(runner: Runner, key: tuple) -> None:
+    """Close the rank groups of other world sizes beyond POOLS_KEPT, oldest first."""
+    others = [k for k in runner.pools if k != key]
+    while len(others) >= POOLS_KEPT:
+        runner.pools.pop(others.pop(0)).close()
+
+
+def run_case(runner: Runner, case, marks: Marks) -> Verdict:
+    """One explored case -> its verdict: its twin's judgement where the default matrix has the same
+    case, else parity, with a failure re-judged against each mark that could explain it (known.py)."""
+    twin = marks.twin(case)
+    case = twin or case
+
+    def produce():
+        skipped = skip_verdict(case, strict=False)
+        if skipped:
+            return skipped
+        key = (case.world_size, case.values.get("device", "cpu"))
+        _keep_pools(runner, key)
+        pool = runner.pool(*key)
+        try:
+            outcome = pool.run(case.subject, case.values, runner.timeout_s)
+        except PoolStartError as exc:
+            return Verdict(case, FAILED, reason=str(exc))
+        verdict = judge(case, outcome, False, pool.mode)
+        if verdict.status != FAILED or twin is not None:
+            return verdict
+        for mark in marks.candidates(case):
+            again = judge(replace(case, divergence=mark.divergence), outcome, False, pool.mode)
+            if again.status == DIVERGED:
+                again.reason += f" [mark of {mark.source}]"
+                return again
+        return verdict
+
+    return timed_verdict(case, produce)
+
+
+def explore(subjects, budget_s: float, seed: int, max_world: int, max_examples: int | None = None,
+            timeout_s: float = DEFAULT_CASE_TIMEOUT_S, log_dir: str | None = None, on_verdict=None,
+            marks: Marks | None = None) -> Exploration:
+    result = Exploration(seed, budget_s, max_world, list(subjects))
+    marks = marks or Marks()
+    runner = Runner(timeout_s=timeout_s, strict=False, log_dir=log_dir)
+    cache: dict = {}
+    unrun: dict = {}
+    failing = False
+    start = time.monotonic()
+
+    @settings(database=None, deadline=None, max_examples=max_examples or 10**6, verbosity=Verbosity.quiet,
+              phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+              report_multiple_bugs=False, print_blob=False)
+    @fixed_seed(seed)
+    @given(points(list(subjects), max_world))
+    def probe(point):
+        nonlocal failing
+        name, values = point
+        reason = not_a_case(name, values, max_world)
+        if reason:
+            unrun.setdefault(reason, set()).add((name, tuple(values.items())))
+            assume(False)
+        case = explored_case(name, values)
+        verdict = cache.get(case.id)
+        if verdict is None:
+            if time.monotonic() - start >= budget_s:
+                if failing:
+                    return  # shrinking past the budget: an unseen candidate is not run
+                raise BudgetSpent
+            verdict = cache[case.id] = run_case(runner, case, marks)
+            result.verdicts.append(verdict)
+            if on_verdict:
+                on_verdict(verdict)
+        if verdict.status == FAILED:
+            failing = True
+            raise ExploredFailure(verdict)
+
+    try:
+        probe()
+        result.stopped_by = "max_examples"
+    except BudgetSpent:
+        result.stopped_by = "budget"
+    except ExploredFailure as exc:
+        result.stopped_by, result.failure = "failure", exc.verdict
+    finally:
+        runner.close()
+        result.seconds = time.monotonic() - start
+        result.not_generated = Counter({r: len(p) for r, p in unrun.items()})
+    return result
+
+
+def write_failure(result: Exploration, directory) -> tuple[Path, str]:
+    """The shrunk failure as a one-entry case file under directory, and the command that runs it.
+    The file is read back: it must make exactly the case that failed."""
+    case = result.failure.case
+    path = Path(directory) / FAILURE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = entry_toml(case.subject, case.values, f"found by parity explore --seed {result.seed} (shrunk)")
+    path.write_text(text)
+    (again,) = load_file(path)
+    if again.id != case.id or again.values != case.values:
+        raise RuntimeError(f"{path} makes {again.id}, not the failing {case.id}")
+    # From here on the failure's reproducer (Verdict.repro, the report) names the file just written.
+    result.failure.case = replace(case, source=f"{path}:matrix[0]")
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(result.failure.env.items()))
+    return path, f"{env}parity run --matrix {shlex.quote(str(path))} --case {case.id}"

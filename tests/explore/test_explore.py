@@ -1,0 +1,147 @@
+"""`parity explore`: drawn points are the cases a case file would make; a documented divergence
+explains a failure only when the evidence fits; a planted bug is found and shrunk to a small case,
+and the same seed without it finds nothing.
+
+The end-to-end runs are subprocesses: PARITY_MUTANT must not leak into this process or its rank groups."""
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+
+from parity.checks.verdict import DIVERGED, FAILED
+from parity.explore.domains import RANGES, entry_toml, explorable_subjects, explored_case, not_a_case, points
+from parity.explore.known import Marks
+from parity.explore.search import run_case
+from parity.harness.rank_pool import PoolOutcome, RankError
+from parity.harness.runner import Runner
+from parity.matrix.cases import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKS = Marks()
+BUILT_IN = [s for s in explorable_subjects() if not s.startswith("faulty")]
+
+
+def test_explorable_subjects_leave_out_only_the_refusals():
+    assert "ds_reject" not in explorable_subjects()
+    assert {"vocab_parallel", "torch_vocab_parallel", "ds_vocab_ce", "liger_vocab_ce"} <= set(BUILT_IN)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(points(BUILT_IN, 8))
+def test_every_drawn_case_is_what_its_printed_entry_makes(tmp_path_factory, point):
+    name, values = point
+    if not_a_case(name, values, 8):
+        return
+    case = explored_case(name, values)
+    assert case.world_size <= 8 and 2 <= values["tp"] <= RANGES["tp"][1]
+    path = tmp_path_factory.mktemp("entry") / "one.toml"
+    path.write_text(entry_toml(name, values, "round trip"))
+    (again,) = load_file(path)
+    assert (again.id, again.values, again.markers) == (case.id, case.values, case.markers)
+
+
+def test_points_that_are_not_cases_say_why():
+    base = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 2, "hidden": 32, "bias": True,
+            "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 3, "dp": 1, "grain": 1, "clip": 0.0,
+            "device": "cpu", "ignore_index": -100, "triton": "device"}
+    assert "empty vocabulary shard" in not_a_case("vocab_parallel", base, 8)
+    assert not_a_case("vocab_parallel", {**base, "vocab": 3}, 8) is None
+    assert "--max-world 4" in not_a_case("vocab_parallel", {**base, "vocab": 30, "dp": 2}, 4)
+    # DTensor's chunk split may leave a rank empty: a documented divergence, so it is explored.
+    torch_values = {k: base[k] for k in ("dtype", "reduction", "vocab", "hidden", "bias", "head", "ignore", "gas",
+                                         "tp", "device")}
+    assert not_a_case("torch_vocab_parallel", {**torch_values, "vocab": 5, "tp": 4}, 8) is None
+
+
+def test_a_twin_of_the_default_matrix_keeps_its_expectation():
+    case = explored_case("torch_vocab_parallel", {"dtype": "fp32", "reduction": "mean", "vocab": 9, "hidden": 32,
+                                                  "bias": True, "head": "lm_head", "ignore": "scattered", "gas": 2,
+                                                  "tp": 4, "device": "cpu"})
+    twin = MARKS.twin(case)
+    assert twin is not None and twin.divergence is not None and twin.divergence.raises
+
+
+class _Pool:
+    """Stands in for a rank group: hands back the outcome it was given."""
+    mode = "fake"
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def run(self, subject, values, timeout_s):
+        return self.outcome
+
+    def close(self, force=False):
+        pass
+
+
+def _crash(message: str) -> PoolOutcome:
+    lost = {r: RankError(r, "RankLost", "lost to rank 3", "") for r in range(3)}
+    return PoolOutcome(errors={**lost, 3: RankError(3, "RuntimeError", message, "")}, broken=True)
+
+
+def _run_faked(outcome):
+    # vocab 5 over 4 ranks is chunked 2,2,1,0: no case file has it, the empty-shard mark generalises to it.
+    case = explored_case("torch_vocab_parallel", {"dtype": "fp32", "reduction": "mean", "vocab": 5, "hidden": 32,
+                                                  "bias": True, "head": "lm_head", "ignore": "scattered", "gas": 2,
+                                                  "tp": 4, "device": "cpu"})
+    assert MARKS.twin(case) is None
+    runner = Runner()
+    runner.pools[(4, "cpu")] = _Pool(outcome)
+    return run_case(runner, case, MARKS)
+
+
+def test_a_mark_explains_a_failure_whose_evidence_it_names():
+    verdict = _run_faked(_crash("index 0 is out of bounds for dimension 1 with size 0"))
+    assert verdict.status == DIVERGED, verdict.reason
+    assert "cases/torch_tp.toml:matrix[" in verdict.reason
+
+
+def test_a_mark_does_not_explain_another_failure():
+    verdict = _run_faked(_crash("something else went wrong"))
+    assert verdict.status == FAILED, verdict.reason
+
+
+def test_a_numerical_mark_does_not_carry_over_the_sizes_it_lists():
+    # The Liger-gate mark lists vocab 18, grain 4, tp 3 (unequal shards 8/4/6); at vocab 2 the shards
+    # are equal and a failure there is not that divergence, however the failed checks are named.
+    values = {"backend": "liger", "dtype": "fp32", "reduction": "mean", "vocab": 2, "hidden": 2, "bias": True,
+              "head": "model.lm_head", "ignore": "scattered", "zero": 1, "gas": 2, "tp": 2, "dp": 1, "grain": 5,
+              "clip": 0.0, "device": "cpu", "ignore_index": -100, "triton": "claimed"}
+    gate = [m for m in MARKS.marks if "liger_gate" in m.divergence.repro and m.subject == "vocab_parallel"]
+    assert gate and not any(m.admits(explored_case("vocab_parallel", values)) for m in gate)
+    at_its_sizes = {**values, "vocab": 18, "grain": 4, "tp": 3, "head": "lm_head", "zero": 0}
+    assert any(m.admits(explored_case("vocab_parallel", at_its_sizes)) for m in gate)
+
+
+def _explore(tmp_path, mutant: str | None):
+    env = {k: v for k, v in os.environ.items() if k != "PARITY_MUTANT"}
+    if mutant:
+        env["PARITY_MUTANT"] = mutant
+    report = tmp_path / ("mutant" if mutant else "clean")
+    cmd = [sys.executable, "-m", "parity.cli", "explore", "--subject", "ds_vocab_ce", "--max-world", "2",
+           "--max-examples", "4", "--seed", "3", "--budget", "240", "--report", str(report)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return proc, json.loads((report / "explore.json").read_text()), report
+
+
+def test_explore_finds_and_shrinks_a_planted_bug_and_not_without_it(tmp_path):
+    # DeepSpeed's CE with vocab_start + 1 on every rank: any case fails; the shrunk one must be minimal.
+    proc, summary, report = _explore(tmp_path, "ce_vocab_start_off_by_one")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    failure = summary["failure"]
+    assert failure is not None and failure["axes"]["tp"] == 2 and failure["axes"]["vocab"] <= 4, failure
+    # The printed entry is a case file that makes the failing case, and the command runs exactly it.
+    entry = tomllib.loads((report / "explore-failure.toml").read_text())
+    assert entry["matrix"][0]["subject"] == "ds_vocab_ce"
+    assert f"--case {failure['id']}" in proc.stdout and "PARITY_MUTANT=ce_vocab_start_off_by_one" in proc.stdout
+    assert summary["stopped_by"] == "failure"
+
+    proc, summary, _ = _explore(tmp_path, None)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert summary["failure"] is None and summary["counts"].get("failed", 0) == 0
+    assert summary["stopped_by"] == "max_examples" and sum(summary["counts"].values()) == 4
