@@ -110,6 +110,14 @@ def run_cases(args, cases, strict: bool) -> int:
                     overlap_reference=not args.no_reference_cache)
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
         compare.REFERENCE_CACHE_SIZE = 0
+    if args.report:
+        # The report lists every capability, and the triton probe is a child process of seconds: it
+        # runs while the cases do (its answer is cached), not after them in the report's writing.
+        import threading
+
+        from parity.observe import capabilities
+
+        threading.Thread(target=capabilities.snapshot, daemon=True, name="parity-probe").start()
     jobs = args.jobs or default_jobs(cases)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (f", {args.passes} passes" if args.passes > 1 else "")
