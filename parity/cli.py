@@ -110,14 +110,18 @@ def run_cases(args, cases, strict: bool) -> int:
                     overlap_reference=not args.no_reference_cache)
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
         compare.REFERENCE_CACHE_SIZE = 0
+    gathered = None
     if args.report:
-        # The report lists every capability, and the triton probe is a child process of seconds: it
-        # runs while the cases do (its answer is cached), not after them in the report's writing.
-        import threading
+        # What the report records about the packages, the machine and its capabilities takes git
+        # and probe child processes of seconds (the Triton probe's answer is also cached for the
+        # cases): gathered while the cases run, as the run starts, not after them.
+        from concurrent.futures import ThreadPoolExecutor
 
-        from parity.observe import capabilities
+        from parity.report.console import gather_environment
 
-        threading.Thread(target=capabilities.snapshot, daemon=True, name="parity-probe").start()
+        gatherer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-environment")
+        gathered = gatherer.submit(gather_environment)
+        gatherer.shutdown(wait=False)
     jobs = args.jobs or default_jobs(cases)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (f", {args.passes} passes" if args.passes > 1 else "")
@@ -146,7 +150,7 @@ def run_cases(args, cases, strict: bool) -> int:
         with phase(report_timing, "verdict dicts"):
             records = [v.as_dict() for v in verdicts]
         write_report(args.report, records, wall, ["parity", *args.argv], not_run=not_run,
-                     interrupted=interrupted, timing=report_timing)
+                     interrupted=interrupted, timing=report_timing, gathered=gathered.result())
         print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html"
               + (" (partial: interrupted)" if interrupted else ""))
     if args.profile:

@@ -101,13 +101,24 @@ def case_summary(record: dict) -> dict:
     return slim
 
 
+def gather_environment() -> tuple:
+    """(packages, machine, suite, capabilities, capability facts) for summary.json: git and probe
+    child processes of seconds, which parity run has made in a thread while its cases run."""
+    from parity.observe import capabilities
+    from parity.report import environment as env
+
+    return env.packages(), env.machine(), env.suite(), capabilities.snapshot(), capabilities.facts()
+
+
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
-                 launcher: str | None = None, interrupted: bool = False, timing: dict | None = None) -> None:
+                 launcher: str | None = None, interrupted: bool = False, timing: dict | None = None,
+                 gathered: tuple | None = None) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
     (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
     cases this launch could not run (torchrun: another world size; -x; Ctrl-C); launcher: set when
     not spawn; interrupted: the run was stopped by Ctrl-C, so the report is partial; timing: where
-    the seconds of each part are added (parity run --profile)."""
+    the seconds of each part are added (parity run --profile); gathered: gather_environment()'s
+    answer when the caller had it made while the cases ran."""
     from parity.harness.timing import phase
     from parity.report.html import report_html
     from parity.report.markdown import summary_markdown
@@ -115,13 +126,11 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    from parity.observe import capabilities
     from parity.report import environment as env
 
     counts = Counter(r["verdict"] for r in records)
     with phase(timing, "environment"):
-        packages, machine, suite = env.packages(), env.machine(), env.suite()
-        capability_snapshot, capability_facts = capabilities.snapshot(), capabilities.facts()
+        packages, machine, suite, capability_snapshot, capability_facts = gathered or gather_environment()
     run = {"schema_version": env.SCHEMA_VERSION,
            "command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
            "environment": environment(packages, machine, suite),
