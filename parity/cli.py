@@ -84,6 +84,9 @@ def cmd_run(args) -> int:
         print(f"parity: {args.rerun_failed}/summary.json lists no failed case: nothing to rerun")
         return 0
     if args.launcher == "torchrun":
+        if args.passes > 1 or args.profile:
+            raise UsageError("--passes and --profile work with --launcher spawn only (torchrun starts the ranks, "
+                             "so this process cannot time or measure them)")
         if args.maxfail:
             raise UsageError("-x/--maxfail works with --launcher spawn only (a torchrun job cannot stop its peers early)")
         from parity.torchrun_launch import cmd_run_torchrun
@@ -102,21 +105,76 @@ def cmd_run(args) -> int:
 
 
 def run_cases(args, cases, strict: bool) -> int:
+    from parity.checks import compare
     from parity.checks.verdict import FAILED
     from parity.harness.runner import Runner, default_jobs
     from parity.report.console import Progress, summary_table, write_report
 
-    runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs)
-    progress = Progress(len(cases))
+    runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs,
+                    overlap_reference=not args.no_reference_cache)
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
-        from parity.checks import compare
-
         compare.REFERENCE_CACHE_SIZE = 0
+    gathered = None
+    if args.report:
+        # What the report records about the packages, the machine and its capabilities takes git
+        # and probe child processes of seconds (the Triton probe's answer is also cached for the
+        # cases): gathered while the cases run, as the run starts, not after them.
+        from concurrent.futures import ThreadPoolExecutor
+
+        from parity.report.console import gather_environment
+
+        gatherer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-environment")
+        gathered = gatherer.submit(gather_environment)
+        gatherer.shutdown(wait=False)
     jobs = args.jobs or default_jobs(cases)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
+          + (f", {args.passes} passes" if args.passes > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)
-    start = time.monotonic()
-    verdicts, not_run, interrupted = [], [], False
+    any_failed, interrupted = False, False
+    try:
+        for number in range(1, args.passes + 1):
+            start = time.monotonic()
+            verdicts, not_run, interrupted = run_pass(args, runner, cases, jobs, Progress(len(cases)))
+            wall = time.monotonic() - start
+            any_failed |= any(v.status == FAILED for v in verdicts)
+            if args.passes > 1 and not interrupted:
+                from parity.report.memory import rss_line
+
+                print(rss_line(number, wall, runner.rank_pids()), flush=True)
+            if interrupted:
+                break
+    finally:
+        runner.close(force=interrupted)
+    # The summary, report and profile are the last pass's (each pass runs the same cases).
+    print(summary_table(verdicts, wall, not_run))
+    report_timing = {} if args.profile else None
+    if args.report:
+        from parity.harness.timing import phase
+
+        with phase(report_timing, "verdict dicts"):
+            records = [v.as_dict() for v in verdicts]
+        write_report(args.report, records, wall, ["parity", *args.argv], not_run=not_run,
+                     interrupted=interrupted, timing=report_timing, gathered=gathered.result())
+        print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html"
+              + (" (partial: interrupted)" if interrupted else ""))
+    if args.profile:
+        from parity.report.profile import profile, profile_markdown, write_profile
+
+        prof = profile(verdicts, wall, jobs, report_timing, compare.reference_cache_stats)
+        print(profile_markdown(prof))
+        if args.report:
+            write_profile(args.report, prof)
+            print(f"wrote {args.report}/: profile.json, profile.md")
+    if interrupted:
+        return INTERRUPTED
+    return 1 if any_failed else 0
+
+
+def run_pass(args, runner, cases, jobs: int, progress) -> tuple[list, list, bool]:
+    """Every selected case once: (verdicts, cases not run with why, interrupted by Ctrl-C)."""
+    from parity.checks.verdict import FAILED
+
+    verdicts, not_run = [], []
     try:
         for i, verdict in enumerate(runner.run_all(cases, jobs)):
             verdicts.append(verdict)
@@ -127,21 +185,10 @@ def run_cases(args, cases, strict: bool) -> int:
                 not_run = [{"id": c.id, "reason": why} for c in cases[i + 1:]]
                 break
     except KeyboardInterrupt:
-        interrupted = True
         not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases[len(verdicts):]]
         print(f"\ninterrupted: {len(verdicts)} of {len(cases)} cases ran", flush=True)
-    finally:
-        runner.close(force=interrupted)
-    wall = time.monotonic() - start
-    print(summary_table(verdicts, wall, not_run))
-    if args.report:
-        write_report(args.report, [v.as_dict() for v in verdicts], wall, ["parity", *args.argv], not_run=not_run,
-                     interrupted=interrupted)
-        print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html"
-              + (" (partial: interrupted)" if interrupted else ""))
-    if interrupted:
-        return INTERRUPTED
-    return 1 if any(v.status == FAILED for v in verdicts) else 0
+        return verdicts, not_run, True
+    return verdicts, not_run, False
 
 
 def positive_int(text: str) -> int:
@@ -201,8 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="rank groups running cases at once (default: cores // the largest selected world size; "
                           "results are the same for every N)")
     run.add_argument("--no-reference-cache", action="store_true",
-                     help="compute every case's reference afresh (the baseline `-j 1 --no-reference-cache` is "
-                          "the harness before references were shared; results are the same)")
+                     help="compute every case's reference afresh, after its ranks are done (the baseline "
+                          "`-j 1 --no-reference-cache` is the harness before references were shared and "
+                          "overlapped with rank work; results are the same)")
+    run.add_argument("--profile", action="store_true",
+                     help="print where the time went (rank start, IPC, rank work, waiting, reference, comparison, "
+                          "report writing); with --report also DIR/profile.json and DIR/profile.md")
+    run.add_argument("--passes", type=positive_int, default=1, metavar="N",
+                     help="run the selection N times in this process and print the parent's and every rank's "
+                          "RSS after each pass (a memory soak); the report is the last pass's")
     run.add_argument("--logs", metavar="DIR", help="where rank logs go (default: a temp dir)")
     run.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                      help="spawn: parity starts its own rank groups (default); torchrun: this process is one "

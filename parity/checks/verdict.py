@@ -27,6 +27,9 @@ class Verdict:
     # subject modules, a planted mutant, the visible GPUs) and strict mode, which turns a skip into a failure.
     env: dict = field(default_factory=dict)
     strict: bool = False
+    # Seconds by phase (parity.harness.timing), for parity run --profile; never in as_dict(): a
+    # report's results must not depend on how fast the machine was.
+    timing: dict = field(default_factory=dict)
 
     @property
     def failed_checks(self) -> list:

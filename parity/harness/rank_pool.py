@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.harness.rank_worker import rank_main
+from parity.harness.timing import pool_phases
 
 START_TIMEOUT_S = 300
 # After one rank fails, how long its peers get to fail too before they are presumed stuck in a
@@ -40,6 +41,7 @@ class PoolOutcome:
     observations: dict = field(default_factory=dict)  # rank -> RankObservations
     errors: dict = field(default_factory=dict)  # rank -> RankError
     broken: bool = False  # the group had to be torn down (death, hang, or peers stuck after an error)
+    timing: dict = field(default_factory=dict)  # seconds by phase (parity.harness.timing.pool_phases)
 
     @property
     def complete(self) -> bool:
@@ -93,7 +95,7 @@ class RankPool:
         ready, deadline = set(), time.monotonic() + START_TIMEOUT_S
         while len(ready) < self.world_size:
             try:
-                kind, rank, _, mode = self.results.get(timeout=0.5)
+                kind, rank, _, mode, _ = self.results.get(timeout=0.5)
                 ready.add(rank)
                 self.mode = mode
                 continue
@@ -134,10 +136,15 @@ class RankPool:
 
     # -- running a case ----------------------------------------------------------------------
     def run(self, subject: str, values: dict, timeout_s: float) -> PoolOutcome:
+        start_s = 0.0
         if not self.alive:
+            begun = time.monotonic()
             self.close(force=True)
             self.start()
+            start_s = time.monotonic() - begun
         self.seq += 1
+        sent = time.monotonic()
+        stamps = {}  # rank -> (the rank's received/done stamps, when this process had its result)
         offsets = [os.path.getsize(p) if p.exists() else 0 for p in self.logs]
         for q in self.tasks:
             q.put((self.seq, subject, values))
@@ -147,7 +154,7 @@ class RankPool:
         problem = None
         while len(outcome.observations) + len(outcome.errors) < self.world_size:
             try:
-                kind, rank, seq, payload = self.results.get(timeout=0.2)
+                kind, rank, seq, payload, stamp = self.results.get(timeout=0.2)
             except queue.Empty:
                 now = time.monotonic()
                 dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
@@ -162,6 +169,7 @@ class RankPool:
                 continue
             if seq != self.seq:
                 continue
+            stamps[rank] = (stamp, time.monotonic())
             if kind == "ok":
                 outcome.observations[rank] = payload
             else:
@@ -181,4 +189,5 @@ class RankPool:
                                               f"{_tail(self.logs[r], offsets[r])}")
             outcome.broken = True
             self.close(force=True)
+        outcome.timing = pool_phases(start_s, sent, stamps, time.monotonic())
         return outcome

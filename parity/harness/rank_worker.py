@@ -12,6 +12,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -98,13 +99,16 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=placement.mode)
     # Mutation check only (ci/mutation_check.py): PARITY_MUTANT plants one bug in this process.
     apply_from_env("rank")
-    result_queue.put(("ready", rank, 0, placement.mode))
+    result_queue.put(("ready", rank, 0, placement.mode, {}))
 
     while True:
         task = task_queue.get()
         if task is None:
             break
+        # time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine, so the
+        # parent can tell the queue's transport (and pickling) from this rank's work (parity run --profile).
+        received = time.monotonic()
         seq, subject_name, values = task
         kind, payload = run_case(seq, subject_name, values, ctx)
-        result_queue.put((kind, rank, seq, payload))
+        result_queue.put((kind, rank, seq, payload, {"received": received, "done": time.monotonic()}))
     dist.destroy_process_group()

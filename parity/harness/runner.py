@@ -5,11 +5,12 @@ import os
 import queue
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from parity.matrix.cases import Case
 from parity.checks.compare import Check, compare, reference_pair, state_after_rejection_checks
 from parity.harness.rank_pool import PoolStartError, RankPool
+from parity.harness.timing import close_case, phase
 from parity.subjects import SUBJECTS
 from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict, repro_env
 
@@ -28,11 +29,18 @@ def strict_from_env() -> bool:
 
 
 class Runner:
-    def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None):
+    def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None,
+                 overlap_reference: bool = True):
         self.timeout_s = timeout_s
         self.strict = strict
         self.log_dir = log_dir
+        # False: the reference is computed after the ranks are done, as the harness did before
+        # (parity run --no-reference-cache, the benchmark's baseline).
+        self.overlap_reference = overlap_reference
         self.pools: dict = {}
+        self.workers: list = []  # run_all's other jobs, kept across calls (parity run --passes reuses their ranks)
+        # One thread computes the next case's reference while the ranks run it (Runner._run).
+        self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
 
     def pool(self, world_size: int, device: str) -> RankPool:
         key = (world_size, device)
@@ -42,13 +50,28 @@ class Runner:
 
     def close(self, force: bool = False) -> None:
         """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
+        for w in self.workers:
+            w.close(force=force)
+        self.workers.clear()
         for p in self.pools.values():
             p.close(force=force)
         self.pools.clear()
+        self.reference_thread.shutdown(wait=not force, cancel_futures=True)
+        self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
+
+    def rank_pids(self) -> dict:
+        """(world size, device) -> the pids of this runner's live rank groups, its jobs' included."""
+        found: dict = {}
+        for runner in [self, *self.workers]:
+            for key, pool in runner.pools.items():
+                found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
+        return found
 
     def run(self, case: Case) -> Verdict:
-        verdict = timed_verdict(case, lambda: self._run(case))
+        timing: dict = {}
+        verdict = timed_verdict(case, lambda: self._run(case, timing))
         verdict.strict = self.strict
+        verdict.timing = close_case(timing, verdict.seconds)
         return verdict
 
     def run_all(self, cases, jobs: int = 1):
@@ -65,8 +88,9 @@ class Runner:
                 yield self.run(case)
             return
         idle: queue.SimpleQueue = queue.SimpleQueue()
-        workers = [self] + [Runner(self.timeout_s, self.strict, self.log_dir) for _ in range(jobs - 1)]
-        for w in workers:
+        while len(self.workers) < jobs - 1:
+            self.workers.append(Runner(self.timeout_s, self.strict, self.log_dir, self.overlap_reference))
+        for w in [self] + self.workers[:jobs - 1]:
             idle.put(w)
 
         def run_one(case):
@@ -86,19 +110,23 @@ class Runner:
             for f in futures:
                 f.cancel()
             pool.shutdown(wait=True)
-            for w in workers[1:]:
-                w.close()
 
-    def _run(self, case: Case) -> Verdict:
+    def _run(self, case: Case, timing: dict) -> Verdict:
         skipped = skip_verdict(case, self.strict)
         if skipped:
             return skipped
         pool = self.pool(case.world_size, case.values.get("device", "cpu"))
+        # The reference is computed while the ranks run the case: it depends on the case alone,
+        # and a reference that raises raises again where the judge asks for it, as it did inline.
+        reference = None
+        if self.overlap_reference and not case.expect.is_error:
+            reference = self.reference_thread.submit(timed_reference_pair, SUBJECTS[case.subject], case.values)
         try:
             outcome = pool.run(case.subject, case.values, self.timeout_s)
         except PoolStartError as exc:
             return Verdict(case, FAILED, reason=str(exc))
-        return judge(case, outcome, self.strict, pool.mode)
+        timing.update(outcome.timing)
+        return judge(case, outcome, self.strict, pool.mode, reference=reference, timing=timing)
 
 
 # -- judging: shared by the self-spawning Runner and the torchrun launcher (parity/torchrun_launch.py) --
@@ -125,15 +153,24 @@ def skip_verdict(case: Case, strict: bool) -> Verdict | None:
     return Verdict(case, SKIPPED, reason=reason)
 
 
-def judge(case: Case, outcome, strict: bool, mode: str = "") -> Verdict:
-    """Every rank's outcome of one case (a PoolOutcome) -> its verdict."""
-    verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict)
+def timed_reference_pair(subject, values):
+    """reference_pair and the seconds it took where it ran (a thread of its own, overlapping rank work)."""
+    start = time.monotonic()
+    pair = reference_pair(subject, values)
+    return pair, time.monotonic() - start
+
+
+def judge(case: Case, outcome, strict: bool, mode: str = "", reference=None, timing: dict | None = None) -> Verdict:
+    """Every rank's outcome of one case (a PoolOutcome) -> its verdict. reference: a Future of
+    timed_reference_pair already under way (else it is computed here, when needed); timing: where
+    the reference and comparison phases are added (parity.harness.timing)."""
+    verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict, reference, timing)
     verdict.mode = mode
     verdict.observed = observed_facts(outcome)
     return verdict
 
 
-def _judge(case, subject, values, outcome, strict) -> Verdict:
+def _judge(case, subject, values, outcome, strict, reference_future=None, timing=None) -> Verdict:
     if case.expect.is_error:
         return _rejection_verdict(case, outcome, strict)
     if case.divergence is not None and case.divergence.raises and outcome.errors:
@@ -143,8 +180,12 @@ def _judge(case, subject, values, outcome, strict) -> Verdict:
         err = outcome.errors[first]
         return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
                        rank_errors=outcome.errors)
-    reference, oracle = reference_pair(subject, values)
-    checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
+    with phase(timing, "reference"):
+        (reference, oracle), computed = (reference_future or _inline(timed_reference_pair, subject, values)).result()
+    if timing is not None:
+        timing["reference_compute"] = computed
+    with phase(timing, "comparison"):
+        checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
     if not any(c.measured is not None for c in checks):
         return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")
     if case.divergence is not None and case.divergence.raises:  # it ran: the crash is gone
@@ -190,6 +231,16 @@ def _crash_divergence_verdict(case: Case, outcome) -> Verdict:
     return Verdict(case, FAILED, rank_errors=outcome.errors,
                    reason=f"expected the known crash ({known.raises!r}); rank {first} raised {err.type}: "
                           f"{err.message.splitlines()[0] if err.message else ''}")
+
+
+def _inline(fn, *args) -> Future:
+    """fn(*args) run here and now, as a finished Future (its exception, if any, raised by result())."""
+    future: Future = Future()
+    try:
+        future.set_result(fn(*args))
+    except Exception as exc:  # noqa: BLE001 - re-raised by result(), where the caller expects it
+        future.set_exception(exc)
+    return future
 
 
 def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:

@@ -101,28 +101,41 @@ def case_summary(record: dict) -> dict:
     return slim
 
 
+def gather_environment() -> tuple:
+    """(packages, machine, suite, capabilities, capability facts) for summary.json: git and probe
+    child processes of seconds, which parity run has made in a thread while its cases run."""
+    from parity.observe import capabilities
+    from parity.report import environment as env
+
+    return env.packages(), env.machine(), env.suite(), capabilities.snapshot(), capabilities.facts()
+
+
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
-                 launcher: str | None = None, interrupted: bool = False) -> None:
+                 launcher: str | None = None, interrupted: bool = False, timing: dict | None = None,
+                 gathered: tuple | None = None) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
     (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
     cases this launch could not run (torchrun: another world size; -x; Ctrl-C); launcher: set when
-    not spawn; interrupted: the run was stopped by Ctrl-C, so the report is partial."""
+    not spawn; interrupted: the run was stopped by Ctrl-C, so the report is partial; timing: where
+    the seconds of each part are added (parity run --profile); gathered: gather_environment()'s
+    answer when the caller had it made while the cases ran."""
+    from parity.harness.timing import phase
     from parity.report.html import report_html
     from parity.report.markdown import summary_markdown
     from parity.report.records import result_lines
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    from parity.observe import capabilities
     from parity.report import environment as env
 
     counts = Counter(r["verdict"] for r in records)
-    packages, machine, suite = env.packages(), env.machine(), env.suite()
+    with phase(timing, "environment"):
+        packages, machine, suite, capability_snapshot, capability_facts = gathered or gather_environment()
     run = {"schema_version": env.SCHEMA_VERSION,
            "command": shlex.join(argv if argv is not None else sys.argv), "wall_seconds": round(wall_s, 2),
            "environment": environment(packages, machine, suite),
            "packages": packages, "machine": machine, "suite": suite,
-           "capabilities": capabilities.snapshot(), "capability_facts": capabilities.facts(),
+           "capabilities": capability_snapshot, "capability_facts": capability_facts,
            "counts": {"total": len(records), **{status: counts[status] for status in STATUSES}}}
     if launcher:
         run["launcher"] = launcher
@@ -130,11 +143,14 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
         run["interrupted"] = True
     if not_run:
         run["not_run"] = list(not_run)
-    (directory / "summary.json").write_text(
-        json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
-    with open(directory / "results.jsonl", "w") as out:
+    with phase(timing, "summary.json"):
+        (directory / "summary.json").write_text(
+            json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
+    with phase(timing, "results.jsonl"), open(directory / "results.jsonl", "w") as out:
         for record in records:
             for line in result_lines(record):
                 out.write(json.dumps({"schema_version": env.SCHEMA_VERSION, **line}, default=str, separators=(",", ":")) + "\n")
-    (directory / "summary.md").write_text(summary_markdown(records, run))
-    (directory / "report.html").write_text(report_html(records, run))
+    with phase(timing, "summary.md"):
+        (directory / "summary.md").write_text(summary_markdown(records, run))
+    with phase(timing, "report.html"):
+        (directory / "report.html").write_text(report_html(records, run))

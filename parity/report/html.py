@@ -95,8 +95,9 @@ def _case_section(index: int, record: dict) -> str:
     parts += ["<h4>Reproduce</h4>", f"<pre><code>{escape(record['repro'])}</code></pre>"]
     png, left_out = case_figure(record)
     if png:
-        caption = ("max |subject - float64 oracle| (solid, dots) and its bound (dashed) per step, one colour per rank; "
-                   "red &times;: over the bound; zero errors are not drawn on the log axis.")
+        caption = ("max |subject - float64 oracle| over its bound, per step, one line per tensor (its worst rank at "
+                   "each point); red line: the bound, orange: near-failing; red &times;: over the bound; zero errors "
+                   "are not drawn on the log axis.")
         if left_out:
             caption += f" {left_out} more tensors not drawn (closest to their bound shown first)."
         parts.append(f'<figure><img alt="error vs bound per step: {escape(record["id"])}" '

@@ -8,7 +8,7 @@ import math
 from parity.report.records import check_results, worst_ratio
 from parity.checks.tolerances import NEAR_FAILING_RATIO
 
-MAX_PANELS = 12  # tensors per case figure, worst ratio first; the page says when more were left out
+MAX_PANELS = 12  # tensors (lines) per case figure, worst ratio first; the page says when more were left out
 
 
 def missing() -> str | None:
@@ -55,53 +55,61 @@ def plotted_series(record: dict) -> dict:
 
 
 def case_figure(record: dict) -> tuple[str | None, int]:
-    """Measured error and bound per step for each tensor: (base64 PNG or None, tensors left out)."""
+    """measured / bound per step for each tensor, one line per tensor on one panel (a tensor's ranks
+    folded into the worst one at each point): (base64 PNG or None, tensors left out).
+
+    One panel, not one per tensor: matplotlib's cost is per axes (ticks, text), and a report draws
+    up to MAX_PLOTTED_CASES of these; twelve panels a case made writing the report take most of a
+    minute. The per-rank numbers are in the case's tables and in results.jsonl."""
     series = plotted_series(record)
     if not series or missing():
         return None, 0
-    def worst(name):
-        return max(m / b for points in series[name].values() for _, m, b in points)
-    names = sorted(series, key=worst, reverse=True)[:MAX_PANELS]
+    folded = {}
+    for name, ranks in series.items():
+        worst: dict = {}
+        for points in ranks.values():
+            for x, m, b in points:
+                worst[x] = max(worst.get(x, 0.0), m / b)
+        folded[name] = sorted(worst.items())
+    names = sorted(folded, key=lambda n: max(r for _, r in folded[n]), reverse=True)[:MAX_PANELS]
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
-    cols = min(3, len(names))
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, names):
-        for i, (rank, points) in enumerate(sorted(series[name].items(), key=lambda kv: (kv[0] is None, kv[0]))):
-            color = f"C{i % 10}"
-            xs = [p[0] for p in points]
-            label = "all" if rank is None else f"rank {rank}"
-            # Zero error has no place on a log axis: those points are left out (the bound stays).
-            shown = [(x, m) for x, m, _ in points if m > 0]
-            ax.plot([s[0] for s in shown], [s[1] for s in shown], "o-", color=color, ms=3, lw=1, label=label)
-            ax.plot(xs, [p[2] for p in points], "--", color=color, lw=1, alpha=0.8)
-            over = [(x, m) for x, m, b in points if m > b]
-            if over:
-                ax.plot([o[0] for o in over], [o[1] for o in over], "x", color="red", ms=8, mew=2)
-        ax.set_yscale("log")
-        # Decades only, labelled 1e-07 rather than mathtext: tick layout was most of the drawing time.
-        ax.yaxis.set_major_locator(LogLocator(numticks=6))
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, loc="best")
-    for ax in list(axes.flat)[len(names):]:
-        ax.set_visible(False)
-    fig.subplots_adjust(left=0.08 if cols > 1 else 0.2, right=0.98, top=1 - 0.35 / (2.8 * rows),
-                        bottom=0.5 / (2.8 * rows), wspace=0.3, hspace=0.55)
+    fig, ax = plt.subplots(figsize=(9.0, 3.2))
+    for i, name in enumerate(names):
+        # Zero error has no place on a log axis: those points are left out.
+        shown = [(x, r) for x, r in folded[name] if r > 0]
+        ax.plot([x for x, _ in shown], [r for _, r in shown], marker="o", color=f"C{i % 10}",
+                ls="-" if i < 10 else "--", ms=3, lw=1, label=name)
+        over = [(x, r) for x, r in shown if r > 1]
+        if over:
+            ax.plot([x for x, _ in over], [r for _, r in over], "x", color="red", ms=8, mew=2)
+    ax.axhline(1.0, color="red", lw=1.2)
+    ax.axhline(NEAR_FAILING_RATIO, color="orange", lw=1, ls="--")
+    ax.set_yscale("log")
+    # Decades only, labelled 1e-07 rather than mathtext: tick layout was most of the drawing time.
+    ax.yaxis.set_major_locator(LogLocator(numticks=6))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+    ax.set_ylabel("measured / bound", fontsize=8)
+    ax.set_xlabel("step", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.subplots_adjust(left=0.08, right=0.7, top=0.95, bottom=0.15)
     return _png(fig), len(series) - len(names)
 
 
 def ratio_histogram(records: list[dict]) -> str | None:
     """Measured/bound across the run: every toleranced check, and each case's worst."""
-    per_check = [c["ratio"] for r in records for c in check_results(r) if c.get("bound") and c.get("ratio") is not None]
-    per_case = [worst_ratio(r) for r in records if worst_ratio(r) is not None]
-    if (not per_check and not per_case) or missing():
+    import numpy as np
+
+    # A default run has ~700k checks: gathered once into arrays, binned by numpy, drawn as bars
+    # (ax.hist on a list that long spent seconds converting it).
+    per_check = np.array([c["ratio"] for r in records for c in check_results(r)
+                          if c.get("bound") and c.get("ratio") is not None], dtype=float)
+    per_case = np.array([worst_ratio(r) for r in records if worst_ratio(r) is not None], dtype=float)
+    if (not per_check.size and not per_case.size) or missing():
         return None
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter, NullLocator
@@ -110,9 +118,12 @@ def ratio_histogram(records: list[dict]) -> str | None:
     bins = [low + i * 0.25 for i in range(int((high - low) / 0.25) + 1)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
     for ax, values, title in ((axes[0], per_check, "every toleranced check"), (axes[1], per_case, "worst check of each case")):
-        zeros = sum(1 for v in values if v == 0)
-        logs = [min(max(math.log10(v), low), high) if math.isfinite(v) else high for v in values if v > 0]
-        ax.hist(logs, bins=bins, color="#4a78b0")
+        zeros = int(np.count_nonzero(values == 0))
+        positive = values[values > 0]
+        with np.errstate(divide="ignore", over="ignore"):
+            logs = np.clip(np.where(np.isfinite(positive), np.log10(positive), high), low, high)
+        heights, edges = np.histogram(logs, bins=bins)
+        ax.bar(edges[:-1], heights, width=np.diff(edges), align="edge", color="#4a78b0")  # what ax.hist draws
         ax.axvline(0.0, color="red", lw=1.5, label="bound (ratio 1)")
         ax.axvline(math.log10(NEAR_FAILING_RATIO), color="orange", lw=1.5, ls="--",
                    label=f"near-failing ({NEAR_FAILING_RATIO:g})")
@@ -120,7 +131,7 @@ def ratio_histogram(records: list[dict]) -> str | None:
         ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("log10(measured / bound); the edge bins hold everything beyond", fontsize=8)
-        ax.set_title(f"{title}: {len(values)}" + (f" ({zeros} exactly zero, not drawn)" if zeros else ""), fontsize=9)
+        ax.set_title(f"{title}: {values.size}" + (f" ({zeros} exactly zero, not drawn)" if zeros else ""), fontsize=9)
         ax.set_xlim(low - 0.1, high + 0.1)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7)

@@ -1,5 +1,7 @@
-"""parity run -j N gives what -j 1 gives: the same verdicts in the same order and a bitwise identical
-results.jsonl, on a selection that mixes world sizes 2 and 3, skips, a rejection and a known divergence."""
+"""parity run -j N, with references shared and overlapped with rank work, gives what the old harness
+(-j 1 --no-reference-cache: one case at a time, every reference computed after its ranks are done)
+gives: the same verdicts in the same order and a bitwise identical results.jsonl, on a selection
+that mixes world sizes 2 and 3, skips, a rejection and a known divergence."""
 import json
 
 from parity.checks import compare
@@ -22,22 +24,26 @@ def mixed_selection():
     return picked
 
 
-def _results(cases, jobs):
+def _results(cases, jobs, baseline=False, monkeypatch=None):
     compare.clear_reference_cache()  # each run computes its own references, as a fresh process would
-    runner = Runner(timeout_s=120)
+    if baseline:
+        monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)
+    runner = Runner(timeout_s=120, overlap_reference=not baseline)
     try:
         verdicts = list(runner.run_all(cases, jobs))
     finally:
         runner.close()
+        monkeypatch and monkeypatch.undo()
     lines = [json.dumps(line, default=str, separators=(",", ":")) for v in verdicts
              for line in result_lines(v.as_dict())]
     return [(v.case.id, v.status, v.reason) for v in verdicts], "\n".join(lines)
 
 
-def test_parallel_jobs_give_the_serial_results_bitwise():
+def test_parallel_jobs_give_the_serial_results_bitwise(monkeypatch):
     cases = mixed_selection()
     assert {c.world_size for c in cases} == {2, 3} and any(c.divergence for c in cases)
-    serial, serial_lines = _results(cases, 1)
+    serial, serial_lines = _results(cases, 1, baseline=True, monkeypatch=monkeypatch)
+    assert not compare._reference_cache  # the baseline kept no reference
     parallel, parallel_lines = _results(cases, 2)
     assert parallel == serial
     assert parallel_lines == serial_lines
