@@ -306,7 +306,7 @@ class Comparison:
         if ("logits", 0, 0, 0, None) not in self.reference.records:
             return
         from parity.observe.dtypes import DTYPES
-        from references.data import count_items
+        from references.trajectory import step_num_items
 
         spec = self.subject.model_spec(self.values)
         weight_name = self.head_weight_name() if "head_input_grad" in self.claims.micro_records else None
@@ -323,13 +323,14 @@ class Comparison:
                     logits.append(z)
                     labels.append(batches[micro]["labels"])
                     weights.append(weight)
-                    num_items.append(count_items(batches, spec.ignore_index))
+                    # num_items_in_batch as the user's trainer passes it (the trajectory's own rule).
+                    num_items.append(step_num_items(self.train, step, spec.vocab, spec.ignore_index))
         if not where:
             return
         hidden = self.oracle.get("head_input_grad", 0, 0, 0, None).shape[-1] if weight_name else None
         if any(w is None or w.shape != (logits[0].shape[-1], hidden) for w in weights):
             weights = None
-        args = (logits, labels, weights, num_items, spec, self.train.micro_batches)
+        args = (logits, labels, weights, num_items, spec, self.train)
         ref_loss, ref_hgrad = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
         orc_loss, orc_hgrad = stages.losses_and_head_input_grads(*args, torch.float64)
         for i, (step, micro, dp) in enumerate(where):

@@ -24,11 +24,7 @@ import numpy as np
 import torch
 
 from references.loss import causal_lm_loss
-
-
-def _objective(loss: torch.Tensor, reduction: str, micro_batches: int) -> torch.Tensor:
-    # references.trajectory: reduction "none" backpropagates the sum, every loss is divided by GAS.
-    return (loss.sum() if reduction == "none" else loss) / micro_batches
+from references.trajectory import trainer_objective
 
 
 # The stage reference is a pure function of its inputs; `parity sensitivity` judges one case's
@@ -40,22 +36,24 @@ _LOCK = threading.Lock()  # parity run -j judges cases in threads
 
 
 def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
-                                micro_batches: int, dtype: torch.dtype):
+                                train, dtype: torch.dtype):
     """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss and,
     with ``weights`` (weights[i] the full [V, H] head weight it ran with), the head-input gradient
     [B*T, H], computed from those logits in ``dtype`` the reference's way; float64 is the oracle.
+    ``train`` (references.trajectory.TrainingSpec) says what the user's trainer backpropagates
+    (trainer_objective: the reference's own rule, so the stage and the trajectory cannot disagree).
 
     One autograd graph for all micro-batches of a case (their losses are independent, so one
     backward of their sum gives each one's gradient): a graph per micro-batch cost ten times more."""
     key = (b"".join(a.tobytes() for a in logits), logits[0].shape, len(logits),
            b"".join(t.numpy().tobytes() for t in labels),
            None if weights is None else b"".join(w.tobytes() for w in weights), tuple(num_items), spec,
-           micro_batches, dtype)
+           train, dtype)
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    result = _compute(logits, labels, weights, num_items, spec, micro_batches, dtype)
+    result = _compute(logits, labels, weights, num_items, spec, train, dtype)
     with _LOCK:
         _CACHE[key] = result
         if len(_CACHE) > _CACHE_SIZE:
@@ -63,14 +61,14 @@ def losses_and_head_input_grads(logits: list, labels: list, weights: list | None
     return result
 
 
-def _compute(logits, labels, weights, num_items, spec, micro_batches, dtype):
+def _compute(logits, labels, weights, num_items, spec, train, dtype):
     z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(weights is not None)
     losses = [causal_lm_loss(z[i], labels[i], reduction=spec.reduction, ignore_index=spec.ignore_index,
                              num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None)
               for i in range(len(logits))]
     grads = [None] * len(logits)
     if weights is not None:
-        sum(_objective(loss, spec.reduction, micro_batches) for loss in losses).backward()
+        sum(trainer_objective(loss, train, spec.reduction) for loss in losses).backward()
         w = torch.from_numpy(np.stack(weights)).to(dtype)
         dz = z.grad.reshape(len(logits), -1, z.shape[-1])
         grads = list(torch.bmm(dz, w).detach().double().numpy())
