@@ -53,11 +53,21 @@ def marks(paths=None) -> list[Mark]:
         for i, table in enumerate(tables):
             if "known_divergence" not in table or "expect" in table:
                 continue
-            (first, *_) = expand_matrix(_display(path), i, table)  # validates the entry, parses its mark
-            crash = bool(first.divergence.raises)
-            explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in table.get("axes", {}).items()
-                             if not (crash and a in SCALE_AXES))
-            found.append(Mark(first.source, table["subject"], explicit, first.divergence))
+            cases = expand_matrix(_display(path), i, table)  # validates the entry, parses its marks
+            raw = table["known_divergence"]
+            # A table may hold a list of marks, each limited to some of its cases by `where`: each one
+            # generalises over the table's axes narrowed to its scope.
+            for entry in raw if isinstance(raw, list) else [raw]:
+                scope = {a: v if isinstance(v, list) else [v] for a, v in (entry.get("where") or {}).items()}
+                first = next((c for c in cases if c.divergence is not None
+                              and all(c.values.get(a) in v for a, v in scope.items())), None)
+                if first is None:
+                    continue
+                crash = bool(first.divergence.raises)
+                axes = {**table.get("axes", {}), **scope}
+                explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
+                                 if not (crash and a in SCALE_AXES))
+                found.append(Mark(first.source, table["subject"], explicit, first.divergence))
     return found
 
 
