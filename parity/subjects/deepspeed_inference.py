@@ -79,6 +79,11 @@ class InferenceHead(Subject):
         traj = Trajectory()
         for name, p in model.named_parameters():  # a tied head appears once, as embed_tokens.weight
             traj.put("weight", -1, None, None, name, p)
+        if spec.tied:
+            # The user's tied model answers to its head's name too (the same Parameter); the engine
+            # hands that name back for its (cloned) head, so the reference must hold it there.
+            head = model.get_submodule(spec.head_name)
+            traj.put("weight", -1, None, None, f"{spec.head_name}.weight", head.weight)
         batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]
         with torch.no_grad():
             _, logits = model(batch["input_ids"])
