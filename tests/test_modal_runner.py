@@ -62,7 +62,7 @@ def test_gpu_spec_is_checked(monkeypatch):
 def test_local_mode_fails_loudly_without_a_gpu(tmp_path):
     report = tmp_path / "gpu"
     proc = subprocess.run([sys.executable, str(RUNNER), "--local", "--report-dir", str(report), "--", "-q", *SELECTION],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # pytest's "tests failed", passed through
     assert "strict mode: would skip: needs a CUDA device" in out, out[-4000:]

@@ -20,7 +20,7 @@ WORLD3 = "ds_vocab_ce-fp32-none-v32-ign_none-tp3-cpu"
 RAISES_ON_RANK1 = "faulty_raises_on_rank1-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
 
 
-def torchrun(*args, timeout=180):
+def torchrun(*args, timeout=420):
     # `python -m torch.distributed.run` is torchrun from whichever venv runs the tests.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "parity.cli", "run", "--launcher", "torchrun", *args]
@@ -39,7 +39,7 @@ def test_torchrun_verdicts_equal_the_self_spawn_path(tmp_path):
     launched = torchrun(*MATRICES, *case_args(WORLD2 + [WORLD3]), "--report", str(tmp_path / "torchrun"))
     spawned = subprocess.run([sys.executable, "-m", "parity.cli", "run", *MATRICES, *case_args(WORLD2),
                               "--report", str(tmp_path / "spawn")], cwd=ROOT, capture_output=True, text=True,
-                             timeout=180)
+                             timeout=420)
     assert launched.returncode != 0 and spawned.returncode == 1, launched.stdout + launched.stderr
     by_torchrun, by_spawn = verdicts(tmp_path / "torchrun"), verdicts(tmp_path / "spawn")
     assert by_torchrun == by_spawn, launched.stdout

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from parity.matrix.axes import AXES
-from parity.matrix.cases import case_id, load_file
+from parity.matrix.cases import case_id, load_file, subject_axes
 from parity.checks.compare import compare, reference_pair
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes, shard_slice
@@ -112,7 +112,7 @@ def test_chunk_axis_leaves_other_subjects_ids_alone():
     values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True,
               "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "dp": 1, "device": "cpu",
               "head_input": "sequence", "chunk": 5, "grain": 1, "clip": 0.0}
-    values = {**{a: AXES[a].default for a in SUBJECTS["vocab_parallel"].axes}, **values}  # axes added later
+    values = {**{a: AXES[a].default for a in subject_axes(SUBJECTS["vocab_parallel"])}, **values}  # axes added later
     assert "chunk" not in case_id("vocab_parallel", values)
     for path in CASE_FILE.parent.glob("*.toml"):
         if path != CASE_FILE:
@@ -139,6 +139,7 @@ def _observations(subject, values, plant=None):
                 index[dim] = shard_slice(full.shape[dim], tp, rank)
                 full = full[tuple(index)]
             o.tensors[(kind, 0, 0, None)] = full
+            o.dtypes[(kind, 0, 0, None)] = reference.layouts[(kind, 0, 0, 0, None)][0]  # a faithful dtype too
         obs[rank] = o
     return obs
 

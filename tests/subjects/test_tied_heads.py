@@ -163,7 +163,10 @@ def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
     comparison.check_claims()
     shared = [c for c in comparison.checks if c.name.startswith("shared_param[")]
     assert len(shared) == 2 and all(c.passed == passes for c in shared)
-    assert all(c.passed for c in comparison.checks if not c.name.startswith("shared_param["))
+    # rank_decisions needs what DeepSpeed decided on each rank, which these hand-made observations do not
+    # carry (an unrecorded decision fails, by design: tests/checks/test_rank_decisions.py).
+    others = [c.name for c in comparison.checks if not c.passed and not c.name.startswith("shared_param[")]
+    assert others == ["rank_decisions"] * 2
 
 
 def test_direct_embedding_claims_and_reference_padding():
