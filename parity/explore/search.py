@@ -29,9 +29,6 @@ from parity.harness.rank_pool import PoolStartError
 from parity.harness.runner import DEFAULT_CASE_TIMEOUT_S, Runner, judge, skip_verdict, timed_verdict
 from parity.matrix.cases import load_file
 
-# Rank groups of different world sizes kept warm at once. Each rank imports torch and DeepSpeed
-# (a few hundred MB); drawing tp from 2..8 would otherwise keep up to 35 processes alive.
-POOLS_KEPT = 3
 FAILURE_FILE = "explore-failure.toml"
 
 
@@ -62,13 +59,6 @@ class Exploration:
         return Counter(v.status for v in self.verdicts)
 
 
-def _keep_pools(runner: Runner, key: tuple) -> None:
-    """Close the rank groups of other world sizes beyond POOLS_KEPT, oldest first."""
-    others = [k for k in runner.pools if k != key]
-    while len(others) >= POOLS_KEPT:
-        runner.pools.pop(others.pop(0)).close()
-
-
 def run_case(runner: Runner, case, marks: Marks) -> Verdict:
     """One explored case -> its verdict: its twin's judgement where the default matrix has the same
     case, else parity, with a failure re-judged against each mark that could explain it (known.py)."""
@@ -80,7 +70,6 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
         if skipped:
             return skipped
         key = (case.world_size, case.values.get("device", "cpu"))
-        _keep_pools(runner, key)
         pool = runner.pool(*key)
         try:
             outcome = pool.run(case.subject, case.values, runner.timeout_s)

@@ -119,12 +119,15 @@ class RankPool:
     def close(self, force: bool = False) -> None:
         if not self.procs:
             return
+        # A spawn that failed part way (an import error in the parent's __main__) leaves
+        # processes that never started: there is nothing to join or kill for those.
+        started = [p for p in self.procs if p.pid is not None]
         if not force:
             for q in self.tasks:
                 q.put(None)
-            for p in self.procs:
+            for p in started:
                 p.join(timeout=10)
-        for p in self.procs:
+        for p in started:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
