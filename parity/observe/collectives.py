@@ -33,6 +33,7 @@ import contextlib
 import functools
 import os
 import threading
+import types
 from collections import Counter
 
 # The public collectives of torch.distributed (kind names as they appear in case files).
@@ -47,7 +48,14 @@ FUNCOL_KINDS = {"all_reduce": "all_reduce", "all_gather_tensor": "all_gather_int
                 "reduce_scatter_single": "reduce_scatter_tensor", "all_to_all_single": "all_to_all_single",
                 "broadcast": "broadcast", "all_reduce_coalesced": "all_reduce_coalesced"}
 
-_state = threading.local()
+# The recording window is process-wide, not per thread: on CUDA, autograd runs a backward on its
+# own device thread, so a collective issued in backward (Megatron's all-reduce of the head input's
+# gradient, in _CopyToModelParallelRegion.backward) happened outside a thread-local window and was
+# not counted (4 megatron_vocab_parallel cuda cases counted 3 all-reduces for 4). A rank runs one
+# case at a time, so one window per process is exact. Only the guard against counting a wrapped
+# function's inner calls twice is per thread: that nesting happens within one thread's stack.
+_window = types.SimpleNamespace(counts=None)
+_state = threading.local()  # .depth: inside a counted call on this thread
 _TRACE = bool(os.environ.get("PARITY_TRACE_COLLECTIVES"))  # print each counted call's stack (rank logs)
 _installed = False
 _ignored_groups: list = []  # groups whose collectives are never counted (the engine's DP group)
@@ -87,7 +95,7 @@ def install() -> None:
         _originals[kind] = original
 
         def wrapper(*args, __kind=kind, __original=original, **kwargs):
-            counts = getattr(_state, "counts", None)
+            counts = _window.counts
             if counts is None or getattr(_state, "depth", 0):
                 return __original(*args, **kwargs)
             group, size = _group_size(dist, args, kwargs, __kind)
@@ -120,7 +128,7 @@ def _install_functional() -> None:
             continue
 
         def wrapper(*args, __kind=kind, __name=name, __original=original, **kwargs):
-            counts = getattr(_state, "counts", None)
+            counts = _window.counts
             if counts is None or getattr(_state, "depth", 0):
                 return __original(*args, **kwargs)
             import inspect
@@ -151,23 +159,23 @@ def recording(counts: Counter | None = None):
     """Count the collectives issued inside the block into ``counts`` (a Counter, returned)."""
     install()
     counts = Counter() if counts is None else counts
-    previous = getattr(_state, "counts", None)
-    _state.counts = counts
+    previous = _window.counts
+    _window.counts = counts
     try:
         yield counts
     finally:
-        _state.counts = previous
+        _window.counts = previous
 
 
 @contextlib.contextmanager
 def paused():
     """No counting inside (e.g. the engine's own gradient reduction within a recorded window)."""
-    previous = getattr(_state, "counts", None)
-    _state.counts = None
+    previous = _window.counts
+    _window.counts = None
     try:
         yield
     finally:
-        _state.counts = previous
+        _window.counts = previous
 
 
 def ignore_group(group) -> None:

@@ -103,6 +103,15 @@ def test_counter_counts_inside_the_window_only(tmp_path):
             with collectives.paused():
                 dist.all_reduce(t)
         assert dict(counts) == {"all_reduce@1": 1, "broadcast@1": 1}
+        # A collective issued on another thread inside the window counts: on CUDA, autograd runs a
+        # backward (Megatron's all-reduce of the head input's gradient) on its own device thread.
+        import threading
+
+        with collectives.recording() as counts:
+            worker = threading.Thread(target=dist.all_reduce, args=(t,))
+            worker.start()
+            worker.join()
+        assert dict(counts) == {"all_reduce@1": 1}
         # DTensor's functional collectives are counted as the c10d kind they stand for, once each
         import torch.distributed._functional_collectives as funcol
         from torch.distributed.device_mesh import DeviceMesh
