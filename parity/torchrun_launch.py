@@ -169,6 +169,9 @@ def cmd_run_torchrun(args) -> int:
     use_placement(placement)
     mode = f"{placement.mode}; launched by torchrun on {os.environ.get('GROUP_WORLD_SIZE', '?')} node(s)"
     collectives.install()  # before DeepSpeed binds torch.distributed's collectives (see rank_worker)
+    from parity.harness import group_cache
+
+    group_cache.install()  # one group per membership for the process's life (see rank_worker)
     store, _, _ = next(dist.rendezvous("env://"))
     dist.init_process_group(placement.backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))

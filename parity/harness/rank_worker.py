@@ -91,6 +91,10 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     from parity.observe import collectives
 
     collectives.install()
+    # One process group per distinct membership for the rank's whole life (parity/harness/group_cache.py).
+    from parity.harness import group_cache
+
+    group_cache.install()
     # The parent holds the store on a port it bound itself, so concurrent pools never collide.
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
     # No device_id: with it, DeepSpeed's group splitting fails on a shared GPU (liger-and-gpu.md).
