@@ -95,10 +95,12 @@ def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
     return model.to(dtype)
 
 
-def capture_head_input_grad(model: TinyCausalLM, sink: dict) -> None:
-    """After each backward, sink["h"] holds the gradient that reached the head's input."""
+def capture_head_input_and_grad(model: TinyCausalLM, sink: dict) -> None:
+    """After each forward, sink["x"] holds the head's input (the logits stage's input, parity/checks/
+    stages.py); after each backward, sink["h"] the gradient that reached it."""
 
     def pre_hook(module, args):
+        sink["x"] = args[0].detach()
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
         # returning None keeps the head's input unchanged
 

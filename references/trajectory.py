@@ -30,7 +30,7 @@ import torch
 
 from references.data import count_items, make_batch
 from references.sgd import SGD
-from references.tiny_lm import ModelSpec, build_model, capture_head_input_grad
+from references.tiny_lm import ModelSpec, build_model, capture_head_input_and_grad
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         traj.put("weight", -1, None, None, name, p)
 
     captured = {}
-    capture_head_input_grad(model, captured)
+    capture_head_input_and_grad(model, captured)
 
     for step in range(train.steps):
         step_grads = {name: torch.zeros_like(p, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
@@ -122,6 +122,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
                 trainer_objective(loss, train, model_spec.reduction).backward()
                 traj.put("logits", step, micro, dp_rank, None, logits)
                 traj.put("loss", step, micro, dp_rank, None, loss)
+                traj.put("head_input", step, micro, dp_rank, None, captured.pop("x"))
                 traj.put("head_input_grad", step, micro, dp_rank, None, captured.pop("h"))
             for name, p in params.items():
                 step_grads[name] += p.grad.to(step_grads[name].dtype) / train.dp

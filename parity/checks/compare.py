@@ -331,8 +331,12 @@ class Comparison:
         if any(w is None or w.shape != (logits[0].shape[-1], hidden) for w in weights):
             weights = None
         args = (logits, labels, weights, num_items, spec, self.train)
-        ref_loss, ref_hgrad = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
-        orc_loss, orc_hgrad = stages.losses_and_head_input_grads(*args, torch.float64)
+        ref_loss, ref_hgrad, ref_dz = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
+        orc_loss, orc_hgrad, orc_dz = stages.losses_and_head_input_grads(*args, torch.float64)
+        if weights is not None:
+            self.check_logits_stage(where, weights, weight_name)
+            if not spec.tied:  # a tied weight's gradient also holds the embedding lookup's: not this stage's
+                self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name)
         for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
@@ -344,6 +348,74 @@ class Comparison:
                 if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
                     self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
                                orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
+
+    def head_bias_name(self, weight_name: str) -> str | None:
+        name = weight_name[:-len("weight")] + "bias"
+        return name if ("weight", -1, None, None, name) in self.reference.records else None
+
+    def stage_sliceable(self, weight_name: str) -> bool:
+        """The logits and head-gradient stages model one matmul per element: a head sharded along the
+        vocabulary (or replicated). A row-parallel head sums partial products across ranks: not this stage."""
+        return self.claims.param_shards.get(weight_name) in (0, None)
+
+    def check_logits_stage(self, where, weights, weight_name) -> None:
+        """logits[stage]: each rank's logits against F.linear of its own recorded head input with the
+        weight (and bias) it ran with, at the case dtype and in float64."""
+        if not self.stage_sliceable(weight_name):
+            return
+        from parity.observe.dtypes import DTYPES
+
+        bias_name = self.head_bias_name(weight_name)
+        dim = self.claims.micro_records.get("logits")
+        for i, (step, micro, dp) in enumerate(where):
+            bias = None if bias_name is None else self.assembled_weight(bias_name, step - 1, dp)
+            shape = self.oracle.get("logits", step, micro, dp, None).shape
+            for rank, o in sorted(self.obs.items()):
+                if o.dp_rank != dp:
+                    continue
+                x = o.get("head_input", step, micro, None)
+                if x is None or x.shape[-1] != weights[i].shape[-1]:
+                    self.add("logits[stage]", False, step=step, micro=micro, rank=rank,
+                             detail="head input not observed" if x is None else f"head input of shape {x.shape}")
+                    continue
+                ref = stages.logits_from_head_input(x, weights[i], bias, DTYPES[self.dtype]).reshape(shape)
+                orc = stages.logits_from_head_input(x, weights[i], bias, torch.float64).reshape(shape)
+                if dim is not None:
+                    total = shape[dim]
+                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
+                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
+                self.close("logits[stage]", o.get("logits", step, micro, None), ref, orc, step=step, micro=micro,
+                           rank=rank)
+
+    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name) -> None:
+        """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against
+        sum over the step's micro-batches of dz^T x on its own logits and head input. Only with one
+        data-parallel rank: across several the engine's gradient averaging is a further stage."""
+        if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
+            return
+        from parity.observe.dtypes import DTYPES
+
+        bias_name = self.head_bias_name(weight_name)
+        by_step: dict = {}
+        for i, (step, micro, _) in enumerate(where):
+            by_step.setdefault(step, []).append((micro, i))
+        for step, items in sorted(by_step.items()):
+            if [m for m, _ in items] != list(range(self.train.micro_batches)):
+                continue  # a micro-batch's logits failed end to end: the step's sum is not this stage's
+            for rank, o in sorted(self.obs.items()):
+                xs = [o.get("head_input", step, m, None) for m, _ in items]
+                if any(x is None for x in xs):
+                    continue  # logits[stage] failed it as not observed
+                ref_w, ref_b = stages.head_param_grads([ref_dz[i] for _, i in items], xs, DTYPES[self.dtype],
+                                                       bias_name is not None)
+                orc_w, orc_b = stages.head_param_grads([orc_dz[i] for _, i in items], xs, torch.float64,
+                                                       bias_name is not None)
+                for name, ref, orc in ((weight_name, ref_w, orc_w), (bias_name, ref_b, orc_b)):
+                    if name is None:
+                        continue
+                    self.close(f"grad[{name}][stage]", o.get("grad", step, None, name),
+                               self._param_view(name, ref, rank, self.reference),
+                               self._param_view(name, orc, rank, self.reference), step=step, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""

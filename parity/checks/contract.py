@@ -8,9 +8,9 @@ grad, weight, ...) one ``contract[<kind>]`` check compares, at every step and mi
 
 - dtype: against ``Trajectory.layouts``, the dtype of the reference's own tensor at that point
   (recorded by references/ before the float64 copy). What that is, and where it comes from:
-  - logits, head_input_grad, embedding, logits_grad/_hvp/_after, hidden/weight/bias_grad: the
-    model (case) dtype: nn.Linear/nn.Embedding output at their parameters' dtype, and autograd
-    gives a tensor's gradient that tensor's dtype.
+  - logits, head_input (the hidden state the head receives), head_input_grad, embedding,
+    logits_grad/_hvp/_after, hidden/weight/bias_grad: the model (case) dtype: nn.Linear/nn.Embedding
+    output at their parameters' dtype, and autograd gives a tensor's gradient that tensor's dtype.
   - loss: float32 in bf16/fp16 cases: the reference upcasts logits before the softmax
     (references/loss.py), as HF's ``ForCausalLMLoss`` does (transformers 5.24,
     loss/loss_utils.py: ``logits = logits.float()``) and DeepSpeed's vocabulary-parallel CE does.
@@ -33,7 +33,8 @@ from __future__ import annotations
 def _reference_key(kind, step, micro, name, dp_rank, micro_kinds):
     # Per-micro-batch records are the reference's at this data-parallel rank; the rest (weights,
     # gradients, the norm) are the one unsharded tensor every rank holds a view of.
-    if kind in micro_kinds:
+    # A stage input (head_input) is a per-micro-batch record too, though no end-to-end check reads it.
+    if kind in micro_kinds or micro is not None:
         return (kind, step, micro, dp_rank, None)
     return (kind, step, None, None, name)
 

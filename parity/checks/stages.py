@@ -9,9 +9,16 @@ case dtype, as an unsharded user's run would do it, and in float64 (the stage or
 subject's stage output is then held to the stage reference's own error on those very inputs.
 
 Stages:
+- head input, head weight (and bias) -> logits: one case-dtype Linear (nn.Linear's forward: the
+  product accumulated in float32 on CPU, rounded once to the case dtype).
 - logits, targets -> loss (the CE computes in float32 from upcast logits: floor float32).
 - logits, targets, head weight -> head-input gradient: the CE's logits gradient at the case dtype,
   times the head weight (Linear's backward, a case-dtype matmul).
+- logits, targets, head input -> head weight and bias gradient of a step: per micro-batch the CE's
+  logits gradient at the case dtype times the head input (dz^T x, a case-dtype matmul; the bias's
+  dz summed over tokens), accumulated over the step's micro-batches in the case dtype as autograd
+  accumulates p.grad in the parameter's dtype. A subject that accumulates in float32 (DeepSpeed's
+  bf16 optimizer) rounds less than this, never more.
 - gradient -> SGD update is parity.checks.compare's sgd_update (w' = w - lr g on the rank's own
   values).
 """
@@ -37,9 +44,11 @@ _LOCK = threading.Lock()  # parity run -j judges cases in threads
 
 def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
                                 train, dtype: torch.dtype):
-    """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss and,
-    with ``weights`` (weights[i] the full [V, H] head weight it ran with), the head-input gradient
-    [B*T, H], computed from those logits in ``dtype`` the reference's way; float64 is the oracle.
+    """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss, the
+    logits gradient [B*T, V] and, with ``weights`` (weights[i] the full [V, H] head weight it ran
+    with), the head-input gradient [B*T, H], computed from those logits in ``dtype`` the reference's
+    way (the logits gradient kept in ``dtype``, as autograd hands it to Linear's backward); float64
+    is the oracle.
     ``train`` (references.trajectory.TrainingSpec) says what the user's trainer backpropagates
     (trainer_objective: the reference's own rule, so the stage and the trajectory cannot disagree).
 
@@ -62,14 +71,38 @@ def losses_and_head_input_grads(logits: list, labels: list, weights: list | None
 
 
 def _compute(logits, labels, weights, num_items, spec, train, dtype):
-    z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(weights is not None)
+    z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(True)
     losses = [causal_lm_loss(z[i], labels[i], reduction=spec.reduction, ignore_index=spec.ignore_index,
                              num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None)
               for i in range(len(logits))]
+    sum(trainer_objective(loss, train, spec.reduction) for loss in losses).backward()
+    dz = z.grad.reshape(len(logits), -1, z.shape[-1])
     grads = [None] * len(logits)
     if weights is not None:
-        sum(trainer_objective(loss, train, spec.reduction) for loss in losses).backward()
         w = torch.from_numpy(np.stack(weights)).to(dtype)
-        dz = z.grad.reshape(len(logits), -1, z.shape[-1])
         grads = list(torch.bmm(dz, w).detach().double().numpy())
-    return [loss.detach().double().numpy() for loss in losses], grads
+    return [loss.detach().double().numpy() for loss in losses], grads, list(dz.detach())
+
+
+def logits_from_head_input(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: torch.dtype):
+    """The logits stage: F.linear of the recorded head input with the head's weight and bias, in
+    ``dtype`` (float64: the oracle), as float64 numpy of x's leading shape + [V]."""
+    out = torch.nn.functional.linear(torch.from_numpy(x).to(dtype), torch.from_numpy(weight).to(dtype),
+                                     None if bias is None else torch.from_numpy(bias).to(dtype))
+    return out.double().numpy()
+
+
+def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
+    """One step's head weight [V, H] (and bias [V]) gradient from its micro-batches' logits gradients
+    dzs[i] [N, V] (in ``dtype``, from losses_and_head_input_grads) and head inputs xs[i] (numpy,
+    [..., H]): dz^T x per micro-batch in ``dtype``, accumulated in ``dtype`` (autograd's p.grad)."""
+    weight = bias = None
+    for dz, x in zip(dzs, xs):
+        dz = dz.to(dtype)
+        x = torch.from_numpy(x).to(dtype).reshape(dz.shape[0], -1)
+        gw = dz.t() @ x
+        weight = gw if weight is None else weight + gw
+        if with_bias:
+            gb = dz.sum(dim=0)
+            bias = gb if bias is None else bias + gb
+    return weight.double().numpy(), None if bias is None else bias.double().numpy()

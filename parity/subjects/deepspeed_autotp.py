@@ -17,7 +17,7 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
-from references.tiny_lm import build_model, capture_head_input_grad
+from references.tiny_lm import build_model, capture_head_input_and_grad
 from references.trajectory import step_num_items, trainer_objective
 
 COMMON_AXES = {
@@ -316,7 +316,7 @@ class EngineHead(Subject):
         return engine(**batch, num_items_in_batch=num_items)
 
     def capture_head_input(self, model, sink: dict) -> None:
-        capture_head_input_grad(model, sink)
+        capture_head_input_and_grad(model, sink)
 
     def model_facts(self, model) -> dict:
         """Facts about the model worth recording before DeepSpeed rewrites it."""
@@ -368,6 +368,7 @@ class EngineHead(Subject):
                             # (references/trajectory.py trainer_objective), the engine's 1/GAS off.
                             engine.backward(trainer_objective(loss, train, spec.reduction), scale_wrt_gas=False)
                         comm[(step, micro)] = dict(counts)
+                        obs.record("head_input", step, micro, None, captured.pop("x"))
                         obs.record("head_input_grad", step, micro, None, captured.pop("h"))
                         if engine.is_gradient_accumulation_boundary():
                             # The gradient the update will use: only readable between the boundary

@@ -31,7 +31,7 @@ from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
-from references.tiny_lm import build_model, capture_head_input_grad
+from references.tiny_lm import build_model, capture_head_input_and_grad
 from references.trajectory import step_num_items, trainer_objective
 
 DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -89,7 +89,7 @@ class DirectHead(Subject):
         else:
             optimizer = torch.optim.SGD(list(params.values()), lr=train.lr)
         captured: dict = {}
-        capture_head_input_grad(model, captured)
+        capture_head_input_and_grad(model, captured)
         backend_log: list = []
         backends = {}
         with record_loss_backend(backend_log):
@@ -105,6 +105,7 @@ class DirectHead(Subject):
                     trainer_objective(loss, train, spec.reduction).backward()
                     obs.record("logits", step, micro, None, logits)
                     obs.record("loss", step, micro, None, loss)
+                    obs.record("head_input", step, micro, None, captured.pop("x"))
                     obs.record("head_input_grad", step, micro, None, captured.pop("h"))
                 grads = {name: (torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float())
                          for name, p in params.items()}

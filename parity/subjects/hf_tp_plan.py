@@ -71,8 +71,10 @@ def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
     return model.to(dtype)
 
 
-def capture_lm_head_input_grad(model, sink: dict) -> None:
+def capture_lm_head_input_and_grad(model, sink: dict) -> None:
+    """references.tiny_lm.capture_head_input_and_grad for an HF model's lm_head."""
     def pre_hook(module, args):
+        sink["x"] = args[0].detach()
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
 
     model.lm_head.register_forward_pre_hook(pre_hook)
@@ -138,7 +140,7 @@ class HFPlanHead(EngineHead):
         for name, p in params.items():
             traj.put("weight", -1, None, None, name, p)
         captured = {}
-        capture_lm_head_input_grad(model, captured)
+        capture_lm_head_input_and_grad(model, captured)
         for step in range(train.steps):
             model.zero_grad(set_to_none=True)
             batches = train.batches(step, 0, spec.vocab, spec.ignore_index)
@@ -150,6 +152,7 @@ class HFPlanHead(EngineHead):
                 trainer_objective(loss, train, spec.reduction).backward()
                 traj.put("logits", step, micro, 0, None, logits)
                 traj.put("loss", step, micro, 0, None, loss)
+                traj.put("head_input", step, micro, 0, None, captured.pop("x"))
                 traj.put("head_input_grad", step, micro, 0, None, captured.pop("h"))
             grads = {name: p.grad.to(torch.float64 if dtype == torch.float64 else torch.float32)
                      for name, p in params.items()}
@@ -170,7 +173,7 @@ class HFPlanHead(EngineHead):
         return out.loss, out.logits
 
     def capture_head_input(self, model, sink):
-        capture_lm_head_input_grad(model, sink)
+        capture_lm_head_input_and_grad(model, sink)
 
     def model_facts(self, model):
         return {"hf_tp_plan": dict(effective_hf_plan(model))}

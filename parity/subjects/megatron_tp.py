@@ -39,7 +39,7 @@ from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
-from references.tiny_lm import build_model, capture_head_input_grad
+from references.tiny_lm import build_model, capture_head_input_and_grad
 from references.trajectory import step_num_items, trainer_objective
 
 MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -160,7 +160,7 @@ class MegatronHead(Subject):
         self.install(model, values, dtype, tp_rank, tp)
         model.to(ctx.device)
         captured: dict = {}
-        capture_head_input_grad(model, captured)
+        capture_head_input_and_grad(model, captured)
         claims = self.claims(values)
 
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
@@ -187,6 +187,7 @@ class MegatronHead(Subject):
                 obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
                 obs.record("logits", step, micro, None, logits)
                 obs.record("loss", step, micro, None, loss)
+                obs.record("head_input", step, micro, None, captured.pop("x"))
                 obs.record("head_input_grad", step, micro, None, captured.pop("h"))
             grads = {name: torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float()
                      for name, p in params.items()}

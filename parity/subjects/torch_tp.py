@@ -32,7 +32,7 @@ from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
 from references.trajectory import step_num_items, trainer_objective
-from references.tiny_lm import build_model, capture_head_input_grad
+from references.tiny_lm import build_model, capture_head_input_and_grad
 
 TORCH_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
               "head": None, "ignore": None, "gas": None, "tp": None, "device": None}
@@ -135,7 +135,7 @@ class TorchTPHead(Subject):
         model = build_model(spec, train.seed, dtype).to(ctx.device)
         captured: dict = {}
         # Before parallelizing: the hook then sees the plain hidden state, ahead of the plan's input hook.
-        capture_head_input_grad(model, captured)
+        capture_head_input_and_grad(model, captured)
         parallelize_module(model, mesh, self.plan(values))
         self.tie(model)
         claims = self.claims(values)
@@ -165,6 +165,7 @@ class TorchTPHead(Subject):
                 obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
                 obs.record("logits", step, micro, None, _local(logits))
                 obs.record("loss", step, micro, None, _local(loss))
+                obs.record("head_input", step, micro, None, captured.pop("x"))
                 obs.record("head_input_grad", step, micro, None, captured.pop("h"))
             grads = {name: (torch.zeros_like(p, dtype=torch.float32) if p.grad is None else _as_param(p.grad, p).float())
                      for name, p in params.items()}

@@ -93,10 +93,13 @@ def test_stage_checks_pass_the_reference_and_run_on_every_micro_batch(dtype):
     subject, values = SUBJECTS["column_gathered"], {**CASE, "dtype": dtype}
     reference, oracle = reference_pair(subject, values)
     checks = compare(subject, values, played_back(subject, values), reference, oracle)
-    for name in ("loss[stage]", "head_input_grad[stage]", "loss", "logits", "head_input_grad", "grad", "weight"):
+    for name in ("loss[stage]", "head_input_grad[stage]", "logits[stage]", "grad[lm_head.weight][stage]",
+                 "grad[lm_head.bias][stage]", "loss", "logits", "head_input_grad", "grad", "weight"):
         found = numerical(checks, name)
         assert found and all(c.passed for c in found), (name, [c.describe() for c in found if not c.passed])
     assert len(numerical(checks, "loss[stage]")) == len(numerical(checks, "head_input_grad[stage]")) == 10
+    assert len(numerical(checks, "logits[stage]")) == 10  # every micro-batch
+    assert len(numerical(checks, "grad[lm_head.weight][stage]")) == 5  # every step, its two micro-batches summed
     # A stage check is named as its record kind's, so a known divergence that covers "loss" covers it.
     assert all(c.name.split("[")[0] == "loss" for c in numerical(checks, "loss[stage]"))
 
@@ -116,6 +119,27 @@ def test_the_loss_stage_catches_what_the_end_to_end_bound_inherits_room_for():
 
 def test_the_head_input_grad_stage_catches_a_one_percent_scale_in_bf16():
     assert not all(c.passed for c in numerical(judged_with("head_input_grad", "scale", 1e-2), "head_input_grad[stage]"))
+
+
+def test_the_logits_stage_catches_a_scale_the_end_to_end_bound_lets_through():
+    checks = judged_with("logits", "scale", 7e-3)  # under 2 unit roundoffs of bf16
+    assert all(c.passed for c in numerical(checks, "logits"))
+    assert not all(c.passed for c in numerical(checks, "logits[stage]"))
+
+
+def test_the_head_gradient_stage_catches_a_one_percent_scale_in_bf16():
+    checks = judged_with("weight_grad", "scale", 1e-2)
+    for name in ("grad[lm_head.weight][stage]", "grad[lm_head.bias][stage]"):
+        assert not all(c.passed for c in numerical(checks, name)), name
+
+
+def test_a_head_input_that_is_not_recorded_fails_the_logits_stage():
+    subject, values = SUBJECTS["column_gathered"], CASE
+    reference, oracle = reference_pair(subject, values)
+    obs = played_back(subject, values)
+    del obs[0].tensors[("head_input", 2, 1, None)]
+    missing = [c for c in compare(subject, values, obs, reference, oracle) if c.name == "logits[stage]" and not c.passed]
+    assert [(c.step, c.micro, c.detail) for c in missing] == [(2, 1, "head input not observed")]
 
 
 @pytest.mark.parametrize("mode", ["scale", "element", "shard"])

@@ -50,7 +50,7 @@ def test_row_case_file_covers_uneven_hidden_at_tp2_and_tp3():
 def test_flat_head_input_reaches_the_head_flattened_and_changes_nothing_else():
     import torch
 
-    from references.tiny_lm import ModelSpec, build_model, capture_head_input_grad
+    from references.tiny_lm import ModelSpec, build_model, capture_head_input_and_grad
 
     ids = torch.randint(0, 35, (2, 5), generator=torch.Generator().manual_seed(0))
     labels = ids.roll(-1, dims=1)
@@ -59,7 +59,7 @@ def test_flat_head_input_reaches_the_head_flattened_and_changes_nothing_else():
         model = build_model(ModelSpec(35, 32, reduction="sum", head_input=layout), seed=3, dtype=torch.float64)
         seen, sink = [], {}
         model.head.register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
-        capture_head_input_grad(model, sink)
+        capture_head_input_and_grad(model, sink)
         loss, logits = model(ids, labels=labels)
         loss.backward()
         out[layout] = (loss.detach(), logits.detach(), sink["h"])
