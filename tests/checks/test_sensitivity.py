@@ -57,7 +57,9 @@ def test_bisection_finds_the_threshold_a_check_sets_and_ignores_other_observable
 
 @pytest.mark.parametrize("name,observable", [("assembled[logits]", "logits"), ("loss[stage]", "loss"),
                                              ("head_input_grad[stage]", "head_input_grad"),
-                                             ("grad[lm_head.weight]", "weight_grad"), ("sgd_update[w]", "weight")])
+                                             ("grad[lm_head.weight]", "weight_grad"), ("sgd_update[w]", "weight"),
+                                             ("logits[stage]", "logits"),
+                                             ("grad[lm_head.weight][stage]", "weight_grad")])
 def test_checks_belong_to_their_observable(name, observable):
     assert sensitivity.belongs(name, observable)
     assert not sensitivity.belongs(name, "loss" if observable != "loss" else "logits")
@@ -66,3 +68,28 @@ def test_checks_belong_to_their_observable(name, observable):
 def test_an_empty_selection_is_a_one_line_usage_error(capsys):
     assert cli.main(["sensitivity", "--case", "ds_reject-vocab_empty_shard-tp2-cpu", "--report", "/tmp/x"]) == 2
     assert "no parity cases selected" in capsys.readouterr().err
+
+
+def test_a_known_divergence_is_measured_on_the_checks_its_mark_does_not_explain(monkeypatch):
+    from types import SimpleNamespace
+
+    from parity.matrix.cases import KnownDivergence as Divergence
+
+    original = observations()
+
+    def compare(subject, values, obs, reference, oracle, collectives):
+        got, want = obs[1].tensors[("logits", 0, 1, None)], original[1].tensors[("logits", 0, 1, None)]
+        error = float(np.max(np.abs(got / want - 1)))
+        return [Check("contract[grad]", False, rank=1), Check("logits", error <= 1e-3, measured=error, bound=1e-3)]
+
+    monkeypatch.setattr(sensitivity, "compare", compare)
+    monkeypatch.setattr(sensitivity, "reference_pair", lambda subject, values: (None, None))
+    monkeypatch.setitem(sensitivity.SUBJECTS, "fake", SimpleNamespace(claims=lambda values: CLAIMS))
+    case = SimpleNamespace(id="fake-case", subject="fake", values={"dtype": "bf16", "tp": 2}, collectives=(),
+                           divergence=Divergence(reason="r", repro="ci/repro/x.py", checks=("contract",)))
+    entry = sensitivity.measure_case(case, SimpleNamespace(observations=observations()))
+    assert entry["baseline_failed"] == [] and entry["divergence_failed"] == ["contract[grad]"]
+    assert 1e-3 < entry["thresholds"]["logits/scale"]["eps"] <= 1.1e-3
+    case.divergence = Divergence(reason="r", repro="ci/repro/x.py", checks=("loss",))  # explains nothing here
+    assert sensitivity.measure_case(case, SimpleNamespace(observations=observations()))["baseline_failed"] == [
+        "contract[grad]"]
