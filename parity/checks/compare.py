@@ -350,8 +350,14 @@ class Comparison:
                                orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
 
     def head_bias_name(self, weight_name: str) -> str | None:
-        name = weight_name[:-len("weight")] + "bias"
-        return name if ("weight", -1, None, None, name) in self.reference.records else None
+        """The head's own bias: beside its weight, or under the head's name when the weight is a tied embedding's."""
+        head = self.subject.model_spec(self.values).head_name
+        names = [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]
+        for name in (weight_name[:-len("weight")] + "bias", f"{head}.bias"):
+            found = [n for n in names if n == name or n.endswith(f".{name}")]
+            if len(found) == 1:
+                return found[0]
+        return None
 
     def stage_sliceable(self, weight_name: str) -> bool:
         """The logits and head-gradient stages model one matmul per element: a head sharded along the

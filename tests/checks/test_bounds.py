@@ -146,3 +146,18 @@ def test_a_head_input_that_is_not_recorded_fails_the_logits_stage():
 def test_no_perturbation_no_failure_and_a_sign_flip_is_always_caught(mode):
     assert all(c.passed for c in numerical(judged_with("logits", mode, 0.0), "logits"))
     assert not all(c.passed for c in numerical(judged_with("logits", mode, 2.0), "logits"))
+
+
+TIED_BIAS_CASE = "tied_vocab_parallel-torch-bf16-mean-v34-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none"
+
+
+def test_the_logits_stage_finds_a_tied_heads_own_bias():
+    """A tied head's weight is the embedding's, its bias the head's own: the stage must add that bias."""
+    from parity.matrix.cases import load
+
+    case = next(c for c in load() if c.id == TIED_BIAS_CASE)
+    subject, values = SUBJECTS[case.subject], {**case.values, "tp": 1}  # played back: one unsharded rank
+    reference, oracle = reference_pair(subject, values)
+    checks = compare(subject, values, played_back(subject, values), reference, oracle)
+    stage = [c for c in checks if c.name == "logits[stage]"]
+    assert stage and all(c.passed for c in stage), [c.describe() for c in stage if not c.passed][:3]
