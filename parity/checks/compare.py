@@ -523,8 +523,8 @@ class Comparison:
         first = self.obs[ranks[0]]
         for key, value in first.tensors.items():
             kind, step, micro, name = key
-            if kind in self.claims.micro_records:
-                if self.claims.micro_records[kind] is not None:
+            if kind in self.claims.micro_records or micro is not None:  # head_input: a stage input, replicated
+                if self.claims.micro_records.get(kind) is not None:
                     continue
                 peers = [r for r in ranks[1:] if self.obs[r].dp_rank == first.dp_rank]
             elif self.claims.param_shards.get(name) is None:
