@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
-from parity.checks import stages
+from parity.checks import rounding, stages
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
-from parity.checks.tolerances import judge_close, sgd_identity_bound
+from parity.checks.tolerances import ROUNDING_SAMPLES, judge_close, sgd_identity_bound
 from references.trajectory import Trajectory
 
 @dataclass
@@ -77,6 +77,7 @@ class Comparison:
         self.grain = values.get("grain", 1)
         self.split = self.claims.split
         self.checks: list[Check] = []
+        self._sampled = None  # the rounding samples (parity/checks/rounding.py), taken when first needed
 
     def add(self, *args, **kwargs) -> None:
         self.checks.append(Check(*args, **kwargs))
@@ -86,7 +87,21 @@ class Comparison:
         """The dtype a record's rounding floor is measured in (parity.checks.tolerances)."""
         return self.reference.floor_dtypes.get(kind, self.dtype)
 
-    def close(self, name, got, ref, oracle, floor_dtype=None, **where) -> None:
+    def sampled_error(self, kind, step, micro, dp, name, view=None):
+        """For close(): a callable giving the rounding samples' error of this record, seen through
+        ``view`` (a rank's shard), or None where the reruns have no such record. Lazy: judge_close
+        calls it only for a small tensor that misses its first bound."""
+        def get():
+            if self._sampled is None:
+                self._sampled = rounding.cached_sampled_error(self.subject, self.values, self.oracle,
+                                                              ROUNDING_SAMPLES)
+            record = self._sampled.records.get((kind, step, micro, dp, name))
+            if record is None:
+                return None
+            return record.numpy() if view is None else view(record.numpy())
+        return get
+
+    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, **where) -> None:
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
@@ -104,7 +119,11 @@ class Comparison:
         if expected_nan.any():
             keep = ~expected_nan
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
-        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype)
+            if sampled is not None:
+                def sampled(whole=sampled, keep=keep):
+                    errors = whole()
+                    return None if errors is None or errors.shape != keep.shape else errors[keep]
+        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled)
         finite = bool(np.all(np.isfinite(got)))
         detail = judged.describe() if finite else "non-finite values"
         if expected_nan.any():
@@ -249,18 +268,23 @@ class Comparison:
                 ref = self.reference.get(kind, step, micro, dp, None).numpy()
                 orc = self.oracle.get(kind, step, micro, dp, None).numpy()
                 got = o.get(kind, step, micro, None)
+                view = None
                 if dim is not None:
                     total = orc.shape[dim]
                     want_width = split_sizes(total, self.tp, self.grain, self.split)[o.tp_rank]
                     width = None if got is None else got.shape[dim]
                     self.add(f"shard_width[{kind}]", width == want_width, step=step, micro=micro, rank=rank,
                              detail=f"local width {width}, partition formula says {want_width} of {total}")
-                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
-                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
+
+                    def view(a, dim=dim, total=total, tp_rank=o.tp_rank):
+                        return _take(a, dim % a.ndim, total, self.tp, tp_rank, self.grain, self.split)
+                    ref, orc = view(ref), view(orc)
                 if kind in self.claims.exact_records:
                     self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
                 else:
-                    self.close(kind, got, ref, orc, self.floor_dtype(kind), step=step, micro=micro, rank=rank)
+                    self.close(kind, got, ref, orc, self.floor_dtype(kind),
+                               self.sampled_error(kind, step, micro, dp, None, view), step=step, micro=micro,
+                               rank=rank)
                 if dim is not None and o.tp_rank == 0:
                     self.check_assembled(kind, dim, step, micro, dp)
 
@@ -436,8 +460,8 @@ class Comparison:
             self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail=str(exc))
             return
         self.close(f"assembled[{kind}]", assembled, self.reference.get(kind, step, micro, dp, None).numpy(),
-                   self.oracle.get(kind, step, micro, dp, None).numpy(), self.floor_dtype(kind), step=step,
-                   micro=micro)
+                   self.oracle.get(kind, step, micro, dp, None).numpy(), self.floor_dtype(kind),
+                   self.sampled_error(kind, step, micro, dp, None), step=step, micro=micro)
 
     def check_step(self, step: int) -> None:
         lr = self.train.lr
@@ -449,7 +473,11 @@ class Comparison:
                 orc_g = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
                                          self.reference)
                 got_g = o.get("grad", step, None, name)
-                self.close(f"grad[{name}]", got_g, ref_g, orc_g, step=step, rank=rank)
+
+                def view(a, name=name, rank=rank):
+                    return self._param_view(name, a, rank, self.reference)
+                self.close(f"grad[{name}]", got_g, ref_g, orc_g, sampled=self.sampled_error("grad", step, None, None, name, view),
+                           step=step, rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool(np.any(orc_g != 0))
@@ -462,7 +490,8 @@ class Comparison:
                 orc_w = self._param_view(name, self.oracle.get("weight", step, None, None, name).numpy(), rank,
                                          self.reference)
                 got_w = o.get("weight", step, None, name)
-                self.close(f"weight[{name}]", got_w, ref_w, orc_w, step=step, rank=rank)
+                self.close(f"weight[{name}]", got_w, ref_w, orc_w,
+                           sampled=self.sampled_error("weight", step, None, None, name, view), step=step, rank=rank)
                 prev = o.get("weight", step - 1, None, name)
                 if got_w is None or prev is None or got_g is None or not got_w.shape == prev.shape == got_g.shape:
                     continue  # already failed above, as not observed or of the wrong shape
@@ -472,7 +501,8 @@ class Comparison:
             if self.claims.reports_grad_norm:
                 self.close("grad_norm", o.get("grad_norm", step, None, None),
                            self.reference.get("grad_norm", step, None, None, None).numpy(),
-                           self.oracle.get("grad_norm", step, None, None, None).numpy(), step=step, rank=rank)
+                           self.oracle.get("grad_norm", step, None, None, None).numpy(),
+                           sampled=self.sampled_error("grad_norm", step, None, None, None), step=step, rank=rank)
 
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
         """A weight must move when the gradient is nonzero and stay put when it is zero. An update
@@ -603,3 +633,4 @@ def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
 def clear_reference_cache() -> None:
     with _reference_lock:
         _reference_cache.clear()
+    rounding.clear_cache()  # the samples are reruns of those references

@@ -1,0 +1,120 @@
+"""Rounding samples: the case-dtype reference rerun with other, equally valid roundings.
+
+The bound's first term (parity.checks.tolerances) is a multiple of the error the unsharded reference
+at the case dtype makes. That error is one sample: on a tensor of a few elements whose entries are
+cancelling sums (vocab 2-4, hidden 2: a bias gradient is a sum over tokens of p - onehot terms
+that nearly cancel; the head-input gradient of a 2-row head is w0 d0 + w1 d1 with d1 ~ -d0), the
+reference may round close to exactly, while any other evaluation order (a sharded run's partial
+sums, rounded before the all-reduce) makes errors relative to the sum's terms, many times larger
+than relative to the result. Neither max|oracle| (the floor) nor the reference's single error then
+measures the rounding error the computation allows.
+
+Monte Carlo arithmetic (Parker, Pierce & Eggert, "Monte Carlo arithmetic", Comput. Sci. Eng. 2(4),
+2000; the idea behind Verificarlo) measures it: rerun the same computation with every rounding
+replaced by a random one of the same size and look at the spread. Here the case-dtype reference
+runs ROUNDING_SAMPLES more times under a dispatch mode that moves the result of every rounding op
+by a factor (1 + u r), r uniform in [-1, 1] and u the unit roundoff of that op's own output dtype
+(float32 inside a bf16 run's CE and master weights, bf16 for its GEMM outputs), in float64, then
+rounds it back to that dtype: the result stays or goes to a neighbouring representable number, an
+error of at most one unit in the last place, as another rounding of the same value could make. A perturbed input of a sum carries its perturbation into the sum in
+proportion to its own size, so a cancelling sum's spread is relative to its terms, as a sharded
+run's error is. Ops that do not round (views, copies, indexing, comparisons, widening casts,
+max/where/neg) are left alone; an op missing from ROUNDING_OPS only makes the spread smaller, so
+the bound is never wider than the samples say. An op listed that happens to be exact (a product with
+1, a division by a power of two) is moved too, and a move goes up to a whole unit in the last place
+where round-to-nearest errs by half of one: the samples err on the wide side, by about a factor two,
+which is what the tiny cases measured (correct subjects at 0.05-0.2 of the sampled bound).
+
+The samples are seeded (sample i uses seed i): the same case gets the same spread every time.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from references.trajectory import Trajectory
+
+# The aten ops whose floating result is a rounded value, by name; an in-place variant ("add_", the
+# gradient accumulation and the SGD update) is its op's name with a trailing underscore.
+ROUNDING_OPS = frozenset({
+    "add", "sub", "rsub", "mul", "div", "reciprocal", "pow", "sqrt", "rsqrt", "exp", "expm1", "log", "log1p",
+    "tanh", "tanh_backward", "sigmoid", "xlogy", "mm", "addmm", "bmm", "baddbmm", "addcmul", "addcdiv", "sum",
+    "mean", "logsumexp", "linalg_vector_norm", "_softmax", "_log_softmax", "_softmax_backward_data",
+    "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
+    "index_add", "scatter_add", "_to_copy",
+})
+
+
+def _rounds(func) -> bool:
+    name = func._schema.name.split("::")[-1]
+    return name in ROUNDING_OPS or (name.endswith("_") and name[:-1] in ROUNDING_OPS)
+
+
+class RoundingNoise(TorchDispatchMode):
+    """Moves every rounding op's result by up to one unit roundoff of its dtype (see the module docstring)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        if not _rounds(func) or not isinstance(first, torch.Tensor) or not first.is_floating_point() \
+                or not first.numel():
+            return out
+        if func._schema.name == "aten::_to_copy":
+            source = args[0]
+            if not source.is_floating_point() or torch.finfo(first.dtype).eps <= torch.finfo(source.dtype).eps:
+                return out  # a widening or same-precision cast is exact
+        u = torch.finfo(first.dtype).eps / 2
+        r = torch.rand(first.shape, generator=self.generator, dtype=torch.float64) * 2 - 1
+        moved = (first.double() * (1 + u * r)).to(first.dtype)
+        if func._schema.is_mutable:  # in-place (add_, sub_, out=): the mutated tensor is what the caller holds
+            first.copy_(moved)
+            return out
+        return type(out)([moved, *out[1:]]) if isinstance(out, (tuple, list)) else moved
+
+
+def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:
+    """Per record, the elementwise max over ``samples`` perturbed case-dtype reruns of |rerun - oracle|."""
+    spread = Trajectory()
+    for seed in range(samples):
+        with RoundingNoise(seed):
+            run = subject.reference(values)
+        for key, value in run.records.items():
+            if key not in oracle.records:
+                continue
+            err = (value - oracle.records[key]).abs()
+            spread.records[key] = err if key not in spread.records else torch.maximum(spread.records[key], err)
+    return spread
+
+
+# Computed only for a small tensor that misses its first bound (tolerances.judge_close), then shared
+# by every check of the case and of cases with the same reference_key, as the references are.
+SPREAD_CACHE_SIZE = 64
+_cache: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+def cached_sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:
+    key = subject.reference_key(values)
+    with _lock:
+        if key is not None and key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    spread = sampled_error(subject, values, oracle, samples)
+    if key is not None:
+        with _lock:
+            _cache[key] = spread
+            if len(_cache) > SPREAD_CACHE_SIZE:
+                _cache.popitem(last=False)
+    return spread
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,122 @@
+"""Rounding samples (parity/checks/rounding.py) and the second estimate they give a small tensor's bound
+(parity/checks/tolerances.py): a cancelling sum's error is relative to its terms, and the samples
+see that where the reference's one error and max|oracle| do not; they never rescue an error of
+another kind, and they are taken only when a small tensor misses its first bound."""
+import numpy as np
+import torch
+
+from parity.checks import rounding
+from parity.checks.compare import Comparison, reference_pair
+from parity.checks.tolerances import FLOOR_ULPS, ROUNDING_SAMPLES, SHARDING_SLACK, judge_close, unit_roundoff
+from parity.matrix.cases import load
+from parity.subjects import SUBJECTS
+
+U32 = unit_roundoff("fp32")
+
+
+def test_the_noise_is_relative_to_each_op_and_leaves_exact_ops_alone():
+    a = torch.linspace(0.1, 1.0, 64, dtype=torch.float32)
+    with rounding.RoundingNoise(0):
+        total = a.sum()  # rounds: at most one float32 unit (2u relative) from the unperturbed result
+        picked = a[1:].clone()  # indexing and copies are exact
+        grown = a.double()  # a widening cast is exact
+        b = a.clone()
+        b.add_(1.0)  # in place: the tensor the caller holds is the moved one
+    assert abs(float(total) - float(a.sum())) <= 2 * U32 * abs(float(a.sum()))
+    assert torch.equal(picked, a[1:]) and torch.equal(grown, a.double())
+    moved = (b - (a + 1.0)).abs()
+    assert bool((moved > 0).any()) and bool((moved <= 2 * U32 * (a + 1.0)).all())
+
+
+def test_samples_are_seeded():
+    a = torch.linspace(-1, 1, 64, dtype=torch.float32)
+
+    def run(seed):
+        with rounding.RoundingNoise(seed):
+            return (a * 3.0).exp().sum()
+    assert torch.equal(run(3), run(3)) and not torch.equal(run(3), run(4))
+
+
+def test_a_cancelling_sum_samples_an_error_relative_to_its_terms():
+    """w0 d + w1 (-d) with w0 ~ w1: the terms are ~1, the result ~1e-3; its samples' error is of the
+    terms' size, tens of units of the result, which the floor (relative to the result) does not allow."""
+    w = torch.tensor([1.0, 1.0 - 2 ** -10], dtype=torch.float32)
+    d = torch.tensor([0.3, -0.3], dtype=torch.float32)
+    exact = float((w.double() * d.double()).sum())
+    errors = []
+    for seed in range(ROUNDING_SAMPLES):
+        with rounding.RoundingNoise(seed):
+            errors.append(abs(float((w * d).sum()) - exact))
+    assert max(errors) > FLOOR_ULPS * U32 * abs(exact)
+    assert max(errors) < 4 * U32 * float((w * d).abs().sum())
+
+
+def small_cancelling(measured_in_units_of_terms):
+    """A 2-entry tensor of cancelling sums (terms ~1, results ~1e-3) and the errors three runs make."""
+    oracle = np.array([1e-3, -2e-3])
+    ref = oracle + np.array([1e-10, -1e-10])  # the reference happened to round almost exactly
+    got = oracle + measured_in_units_of_terms * U32
+    return got, ref, oracle
+
+
+def test_a_small_cancelling_tensor_gets_the_samples_bound():
+    got, ref, oracle = small_cancelling(3.0)  # three units of the terms: an honest other rounding
+    first = judge_close(got, ref, oracle, "fp32")
+    assert not first.passed and first.criterion == "max"
+    sampled = judge_close(got, ref, oracle, "fp32", lambda: np.full(2, 2 * U32))
+    assert sampled.passed and sampled.criterion == "sampled max"
+    assert sampled.bound == SHARDING_SLACK * 2 * U32 + FLOOR_ULPS * U32 * 2e-3
+
+
+def test_the_samples_do_not_rescue_an_error_beyond_them():
+    got, ref, oracle = small_cancelling(100.0)  # a hundred units of the terms: not rounding
+    assert not judge_close(got, ref, oracle, "fp32", lambda: np.full(2, 2 * U32)).passed
+
+
+def test_samples_within_the_floor_change_nothing():
+    """A tensor that does not cancel: samples within FLOOR_ULPS units of max|oracle| leave the first
+    bound as it was, however small the reference's own error happened to be."""
+    oracle = np.array([2.0, 3.0])
+    ref = oracle.copy()
+    got = oracle * (1 + 20 * U32)
+    within_floor = lambda: np.full(2, FLOOR_ULPS * U32 * 3.0 * 0.9)  # noqa: E731
+    first, again = judge_close(got, ref, oracle, "fp32"), judge_close(got, ref, oracle, "fp32", within_floor)
+    assert not first.passed and (again.passed, again.criterion, again.bound) == (False, "max", first.bound)
+
+
+def test_samples_are_taken_only_for_a_small_tensor_that_misses_its_first_bound():
+    def refuse():
+        raise AssertionError("sampled without need")
+    got, ref, oracle = small_cancelling(0.0)
+    assert judge_close(got, ref, oracle, "fp32", refuse).passed  # passes its first bound
+    big = np.linspace(1, 2, 64)
+    assert not judge_close(big * (1 + 1e-3), big, big, "fp32", refuse).passed  # 64 entries: never sampled
+
+
+def test_the_reruns_reproduce_every_record_of_the_reference():
+    """The samples are the case-dtype reference rerun: the same records, each near the reference."""
+    case = next(c for c in load() if c.id == "direct_vocab_parallel-bf16-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu")
+    subject = SUBJECTS[case.subject]
+    reference, oracle = reference_pair(subject, case.values)
+    spread = rounding.sampled_error(subject, case.values, oracle, 2)
+    assert set(spread.records) == set(oracle.records) & set(reference.records)
+    grad = ("grad", 0, None, None, "lm_head.weight")
+    assert 0 < float(spread.records[grad].max()) < 0.1 * float(oracle.records[grad].abs().max())
+
+
+def test_a_comparison_takes_the_samples_once():
+    case = next(c for c in load() if c.id == "direct_vocab_parallel-bf16-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu")
+    subject = SUBJECTS[case.subject]
+    reference, oracle = reference_pair(subject, case.values)
+    rounding.clear_cache()
+    cmp = Comparison(subject, case.values, {}, reference, oracle)
+    calls = []
+    original = rounding.sampled_error
+    rounding.sampled_error = lambda *a: calls.append(a) or original(subject, case.values, oracle, 1)
+    try:
+        first = cmp.sampled_error("grad", 0, None, None, "lm_head.bias")()
+        again = cmp.sampled_error("weight", 0, None, None, "lm_head.bias")()
+    finally:
+        rounding.sampled_error = original
+        rounding.clear_cache()
+    assert len(calls) == 1 and first.shape == again.shape == (34,)
