@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from parity.report.plots import case_figure, missing as plots_missing, ratio_by_kind_figure, ratio_histogram
+from parity.report.plots import (CaseCanvas, case_figure, missing as plots_missing, ratio_by_kind_figure,
+                                 ratio_histogram)
 from parity.report.records import (check_results, closest, counts_by_subject, failure_summary, first_divergence,
                                    fmt, is_near_failing, where, worst_check, worst_ratio)
 from parity.checks.tolerances import NEAR_FAILING_RATIO
@@ -73,7 +74,7 @@ def _check_row(c: dict) -> tuple:
 CHECK_HEADER = ("tensor / check", "step", "micro", "rank", "measured", "bound", "margin", "ratio", "detail")
 
 
-def _case_section(index: int, record: dict) -> str:
+def _case_section(index: int, record: dict, canvas: CaseCanvas | None) -> str:
     near = is_near_failing(record)
     parts = [f'<section class="case" id="{_anchor(index)}">',
              f"<h3>{escape(record['id'])} {_badge(record['verdict'], near)}</h3>",
@@ -93,7 +94,7 @@ def _case_section(index: int, record: dict) -> str:
     if errors:
         parts.append(_table(("rank", "error"), [(r, f"{e['type']}: {e['message']}") for r, e in sorted(errors.items())]))
     parts += ["<h4>Reproduce</h4>", f"<pre><code>{escape(record['repro'])}</code></pre>"]
-    png, left_out = case_figure(record)
+    png, left_out = case_figure(record, canvas)
     if png:
         caption = ("max |subject - float64 oracle| over its bound, per step, one line per tensor (its worst rank at "
                    "each point); red line: the bound, orange: near-failing; red &times;: over the bound; zero errors "
@@ -143,7 +144,8 @@ def report_html(records: list[dict], run: dict) -> str:
     if not shown:
         body.append("<p>None: every case passed with its worst check below "
                     f"{NEAR_FAILING_RATIO:g} of its bound.</p>")
-    body += [_case_section(i, r) for i, r in enumerate(plotted)]
+    canvas = CaseCanvas() if plotted and not plots_missing() else None  # one figure, drawn again for each case
+    body += [_case_section(i, r, canvas) for i, r in enumerate(plotted)]
     if unplotted:
         body += [f"<h3>{len(unplotted)} more, not drawn</h3>",
                  _table(("case", "verdict", "ratio", "first divergence", "reproduce"),
