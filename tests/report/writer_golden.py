@@ -55,7 +55,12 @@ def _case(case_id, verdict, checks, **fields):
 def made_by_hand() -> list[dict]:
     nonfinite = [_check("logits", 0, 0, 0.2), _check("logits", 1, 0, float("inf"), passed=False, detail="inf"),
                  _check("loss", 1, 1, float("nan"), passed=False, detail="nan in the loss: naïve ≠ exact"),
-                 {**_check("grad[w]", 1, 0, None), "bound": 0.0, "measured": 0.0, "margin": 0.0}]
+                 {**_check("grad[w]", 1, 0, None), "bound": 0.0, "measured": 0.0, "margin": 0.0},
+                 # How results.jsonl folds ranks: a nan first, ties (the first is kept), a failure without a ratio.
+                 _check("weight[w]", 2, 0, float("nan")), _check("weight[w]", 2, 1, 0.3), _check("weight[w]", 2, 2, 0.3),
+                 _check("bias[b]", 2, 0, 0.2), _check("bias[b]", 2, 1, 0.2, micro=1),
+                 {**_check("grad[b]", 2, 0, None), "passed": False, "detail": "no ratio"},
+                 _check("grad[b]", 2, 1, 0.9, passed=False, detail="over"), _check("grad[b]", 2, 2, 0.1)]
     many = [_check(f"grad[layer{i}.weight]", step, rank, 0.05 * (i + 1) * (1 + step) / 4)
             for i in range(14) for step in range(3) for rank in (0, 1)]
     return [
@@ -76,8 +81,9 @@ def records() -> list[dict]:
         return json.load(f) + made_by_hand()
 
 
-def write(directory) -> None:
-    """The report of records() in directory, as any tree's writer makes it under the fixed environment."""
+def write(directory, **options) -> None:
+    """The report of records() in directory, as any tree's writer makes it under the fixed
+    environment; options: more of write_report's keyword arguments."""
     from parity.report import html
     from parity.report.console import write_report
 
@@ -85,7 +91,7 @@ def write(directory) -> None:
         stack.enter_context(mock.patch("platform.python_version", return_value="3.11.0"))
         stack.enter_context(mock.patch("platform.machine", return_value="x86_64"))
         stack.enter_context(mock.patch.object(html, "MAX_PLOTTED_CASES", MAX_PLOTTED))
-        write_report(directory, records(), 12.5, ["parity", "run", "--report", "DIR"], gathered=ENVIRONMENT)
+        write_report(directory, records(), 12.5, ["parity", "run", "--report", "DIR"], gathered=ENVIRONMENT, **options)
 
 
 def plotting_versions() -> dict:
