@@ -20,6 +20,17 @@ def missing() -> str | None:
     return None
 
 
+def preload() -> None:
+    """Imports what drawing needs (half a second), so that worker processes forked after this
+    (parity.report.workers) share one import instead of each making its own."""
+    if missing():
+        return
+    import matplotlib.ticker  # noqa: F401
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+    from PIL import Image  # noqa: F401
+
+
 def _figure(figsize):
     """A figure on matplotlib's Agg canvas, apart from pyplot: no backend to switch, no global list
     of open figures to close; drawn at the page's 72 dpi."""
@@ -132,6 +143,13 @@ def case_figure(record: dict, canvas: CaseCanvas | None = None) -> tuple[str | N
         folded[name] = sorted(worst.items())
     names = sorted(folded, key=lambda n: max(r for _, r in folded[n]), reverse=True)[:MAX_PANELS]
     return (canvas or CaseCanvas()).draw(names, folded), len(series) - len(names)
+
+
+def case_figures(records: list[dict], positions: list[int]) -> list[tuple[str | None, int]]:
+    """case_figure of records[i] for each i in positions, on one canvas (a report part:
+    parity.report.workers)."""
+    canvas = CaseCanvas() if positions and not missing() else None
+    return [case_figure(records[i], canvas) for i in positions]
 
 
 def ratio_histogram(records: list[dict]) -> str | None:

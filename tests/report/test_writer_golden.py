@@ -1,7 +1,9 @@
 """The report files of a fixed set of verdict dicts are, byte for byte, what the writer made of them
 before it was made faster (tests/report/writer_golden.py; data/writer-golden/). The PNGs inside
 report.html depend on the plotting libraries' versions, so they are compared apart, and only where
-those versions are the ones the golden files were made with."""
+those versions are the ones the golden files were made with. Both ways of writing are compared: all
+in this process, and results.jsonl and the figures in two forked workers while this process writes
+the rest (parity.report.workers)."""
 import gzip
 import json
 import re
@@ -14,10 +16,10 @@ from tests.report import writer_golden
 PNG = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 2], ids=["in_process", "2_workers"])
+def written(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("writer-golden")
-    writer_golden.write(directory)
+    writer_golden.write(directory, workers=request.param)
     return directory
 
 
