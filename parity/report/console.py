@@ -112,21 +112,61 @@ def gather_environment() -> tuple:
 
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
                  launcher: str | None = None, interrupted: bool = False, timing: dict | None = None,
-                 gathered: tuple | None = None) -> None:
+                 gathered: tuple | None = None, workers: int | None = None) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
     (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
     cases this launch could not run (torchrun: another world size; -x; Ctrl-C); launcher: set when
     not spawn; interrupted: the run was stopped by Ctrl-C, so the report is partial; timing: where
-    the seconds of each part are added (parity run --profile); gathered: gather_environment()'s
-    answer when the caller had it made while the cases ran."""
+    the seconds of each part are added (parity run --profile; as this process spent them, waiting
+    for a worker included); gathered: gather_environment()'s answer when the caller had it made
+    while the cases ran; workers: processes that write results.jsonl and draw report.html's
+    figures meanwhile (None: parity.report.workers.default_workers(); 0: all done here, in turn).
+    The files are the same bytes either way."""
     from parity.harness.timing import phase
-    from parity.report.html import report_html
-    from parity.report.markdown import summary_markdown
-    from parity.report.records import result_lines
+    from parity.report.html import figure_parts, gather_figures, report_html
+    from parity.report.plots import preload
+    from parity.report.workers import Parts, default_workers
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    workers = default_workers() if workers is None else workers
+    if workers:
+        preload()
+    with Parts(records, workers) as parts:
+        # results.jsonl first (the longest part), then the case figures in small parts that
+        # whichever worker is free takes: two per worker keeps them all busy to about the end.
+        results = parts.submit(write_results, str(directory / "results.jsonl"))
+        figures = [(name, parts.submit(task, *args)) for name, task, args in figure_parts(records, 2 * max(1, workers))]
+        run = _write_summaries(directory, records, wall_s, argv, not_run, launcher, interrupted, timing, gathered)
+        with phase(timing, "results.jsonl"):
+            results.result()
+        with phase(timing, "figures"):
+            drawn = gather_figures([(name, part.result()) for name, part in figures])
+    with phase(timing, "report.html"):
+        (directory / "report.html").write_text(report_html(records, run, drawn))
+
+
+def write_results(records: list[dict], path: str) -> int:
+    """results.jsonl (a report part: parity.report.workers); returns how many lines it wrote."""
     from parity.report import environment as env
+    from parity.report.records import result_lines
+
+    # One encoder for every line: json.dumps with options builds a new one per call.
+    encode = json.JSONEncoder(default=str, separators=(",", ":")).encode
+    lines = 0
+    with open(path, "w") as out:
+        for record in records:
+            rows = result_lines(record)
+            out.writelines(encode({"schema_version": env.SCHEMA_VERSION, **row}) + "\n" for row in rows)
+            lines += len(rows)
+    return lines
+
+
+def _write_summaries(directory, records, wall_s, argv, not_run, launcher, interrupted, timing, gathered) -> dict:
+    """summary.json and summary.md; returns the run's facts, for report.html."""
+    from parity.harness.timing import phase
+    from parity.report import environment as env
+    from parity.report.markdown import summary_markdown
 
     counts = Counter(r["verdict"] for r in records)
     with phase(timing, "environment"):
@@ -146,11 +186,6 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     with phase(timing, "summary.json"):
         (directory / "summary.json").write_text(
             json.dumps({**run, "cases": [case_summary(r) for r in records]}, indent=1, default=str))
-    with phase(timing, "results.jsonl"), open(directory / "results.jsonl", "w") as out:
-        for record in records:
-            for line in result_lines(record):
-                out.write(json.dumps({"schema_version": env.SCHEMA_VERSION, **line}, default=str, separators=(",", ":")) + "\n")
     with phase(timing, "summary.md"):
         (directory / "summary.md").write_text(summary_markdown(records, run))
-    with phase(timing, "report.html"):
-        (directory / "report.html").write_text(report_html(records, run))
+    return run

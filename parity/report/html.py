@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from parity.report.plots import case_figure, missing as plots_missing, ratio_by_kind_figure, ratio_histogram
+from parity.report.plots import case_figures, missing as plots_missing, ratio_by_kind_figure, ratio_histogram
 from parity.report.records import (check_results, closest, counts_by_subject, failure_summary, first_divergence,
                                    fmt, is_near_failing, where, worst_check, worst_ratio)
 from parity.checks.tolerances import NEAR_FAILING_RATIO
@@ -73,7 +73,7 @@ def _check_row(c: dict) -> tuple:
 CHECK_HEADER = ("tensor / check", "step", "micro", "rank", "measured", "bound", "margin", "ratio", "detail")
 
 
-def _case_section(index: int, record: dict) -> str:
+def _case_section(index: int, record: dict, figure: tuple) -> str:
     near = is_near_failing(record)
     parts = [f'<section class="case" id="{_anchor(index)}">',
              f"<h3>{escape(record['id'])} {_badge(record['verdict'], near)}</h3>",
@@ -93,7 +93,7 @@ def _case_section(index: int, record: dict) -> str:
     if errors:
         parts.append(_table(("rank", "error"), [(r, f"{e['type']}: {e['message']}") for r, e in sorted(errors.items())]))
     parts += ["<h4>Reproduce</h4>", f"<pre><code>{escape(record['repro'])}</code></pre>"]
-    png, left_out = case_figure(record)
+    png, left_out = figure
     if png:
         caption = ("max |subject - float64 oracle| over its bound, per step, one line per tensor (its worst rank at "
                    "each point); red line: the bound, orange: near-failing; red &times;: over the bound; zero errors "
@@ -117,12 +117,44 @@ def _reasons(records, status) -> str:
     return _table(("cases", "reason"), [(n, reason) for reason, n in reasons.most_common()], numeric=(0,))
 
 
-def report_html(records: list[dict], run: dict) -> str:
-    from parity.report.markdown import headline
-
+def shown_cases(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(drawn, listed only): failures first, then near-failing cases, closest to their bound first."""
     shown = [r for r in records if r["verdict"] == FAILED]
     shown += sorted((r for r in records if is_near_failing(r)), key=lambda r: -worst_ratio(r))
-    plotted, unplotted = shown[:MAX_PLOTTED_CASES], shown[MAX_PLOTTED_CASES:]
+    return shown[:MAX_PLOTTED_CASES], shown[MAX_PLOTTED_CASES:]
+
+
+def figure_parts(records: list[dict], chunks: int = 1) -> list[tuple]:
+    """What report.html draws, as report parts (parity.report.workers): (name, task, args) each;
+    the case figures in up to `chunks` parts. gather_figures puts their results together."""
+    plotted = shown_cases(records)[0]
+    at = {id(r): i for i, r in enumerate(records)}
+    positions = [at[id(r)] for r in plotted]
+    bounds = [len(positions) * i // chunks for i in range(chunks + 1)]
+    parts = [("cases", case_figures, (positions[a:b],)) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return parts + [("histogram", ratio_histogram, ()), ("by_kind", ratio_by_kind_figure, ())]
+
+
+def gather_figures(done: list[tuple]) -> dict:
+    """(name, result) of each of figure_parts' parts, in their order -> the figures report_html takes."""
+    figures = {"cases": []}
+    for name, result in done:
+        if name == "cases":
+            figures["cases"] += result
+        else:
+            figures[name] = result
+    return figures
+
+
+def report_html(records: list[dict], run: dict, figures: dict | None = None) -> str:
+    """figures: gather_figures' answer, when the figures were drawn elsewhere; None: drawn here."""
+    from parity.report.markdown import headline
+
+    plotted, unplotted = shown_cases(records)
+    shown = plotted + unplotted
+    if figures is None:
+        figures = gather_figures([(name, task(records, *args)) for name, task, args in figure_parts(records)])
+    histogram, by_kind = figures["histogram"], figures["by_kind"]
     counts = run["counts"]
     toc = "".join(f'<li><a href="#{_anchor(i)}" class="mono">{escape(r["id"])}</a> '
                   f'{_badge(r["verdict"], is_near_failing(r))}</li>' for i, r in enumerate(plotted))
@@ -143,19 +175,17 @@ def report_html(records: list[dict], run: dict) -> str:
     if not shown:
         body.append("<p>None: every case passed with its worst check below "
                     f"{NEAR_FAILING_RATIO:g} of its bound.</p>")
-    body += [_case_section(i, r) for i, r in enumerate(plotted)]
+    body += [_case_section(i, r, figure) for i, (r, figure) in enumerate(zip(plotted, figures["cases"], strict=True))]
     if unplotted:
         body += [f"<h3>{len(unplotted)} more, not drawn</h3>",
                  _table(("case", "verdict", "ratio", "first divergence", "reproduce"),
                         [(r["id"], r["verdict"], fmt(worst_ratio(r), ".3g"), failure_summary(r) if r["verdict"] == FAILED
                           else "", Markup(f"<code>{escape(r['repro'])}</code>")) for r in unplotted])]
-    histogram = ratio_histogram(records)
     body += ['<h2 id="margins">Tolerance margins</h2>',
              f'<p class="note">measured / bound of every check that has a tolerance (exact checks have bound 0 and '
              f"are not counted); 1 is the bound, {NEAR_FAILING_RATIO:g} the near-failing line.</p>",
              f'<img alt="histogram of measured/bound ratios" src="data:image/png;base64,{histogram}">' if histogram
              else f"<p>{escape(plots_missing() or 'No numerical checks ran.')}</p>"]
-    by_kind = ratio_by_kind_figure(records)
     if by_kind:  # across seeds (parity run --seeds K) this is how tight each bound is, per kind and dtype
         body += ['<h3 id="margins-by-kind">By check kind and dtype</h3>',
                  '<p class="note">the spread of measured / bound for each kind of toleranced check (its name before '

@@ -20,24 +20,39 @@ def missing() -> str | None:
     return None
 
 
-def _pyplot():
-    import matplotlib
+def preload() -> None:
+    """Imports what drawing needs (half a second), so that worker processes forked after this
+    (parity.report.workers) share one import instead of each making its own."""
+    if missing():
+        return
+    import matplotlib.ticker  # noqa: F401
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+    from PIL import Image  # noqa: F401
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(figsize):
+    """A figure on matplotlib's Agg canvas, apart from pyplot: no backend to switch, no global list
+    of open figures to close; drawn at the page's 72 dpi."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=72)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _png(fig) -> str:
     from PIL import Image  # matplotlib's own dependency
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    _pyplot().close(fig)
+    # The canvas's pixels straight to Pillow: a PNG written by matplotlib only to be read back
+    # would be encoded and decoded once more for each figure.
+    fig.canvas.draw()
+    pixels = Image.frombuffer("RGBA", fig.canvas.get_width_height(physical=True), fig.canvas.buffer_rgba(),
+                              "raw", "RGBA", 0, 1)
     # Line plots need few colours: a 64-colour palette makes the page about three times smaller.
     small = io.BytesIO()
-    Image.open(io.BytesIO(buf.getvalue())).convert("RGB").quantize(colors=64).save(small, format="PNG", optimize=True)
+    pixels.convert("RGB").quantize(colors=64).save(small, format="PNG", optimize=True)
     return base64.b64encode(small.getvalue()).decode("ascii")
 
 
@@ -54,9 +69,64 @@ def plotted_series(record: dict) -> dict:
     return series
 
 
-def case_figure(record: dict) -> tuple[str | None, int]:
+class CaseCanvas:
+    """One figure and axes on which a report draws its case figures one after another.
+
+    A new figure per case built its axes, ticks and text again each time, and the renderer's
+    cache of text sizes died with each figure: a third of the time of drawing a case. Before a
+    case is drawn, what the last one left (its lines, its legend, its data limits) is removed, and
+    the y scale is linear again while lines are added, as on a fresh figure: the bound's line at 1
+    counted in log coordinates enters the data limits as 0.999999999999998, which moves the axis.
+    A case is drawn pixel for pixel as on a new figure (tests/report/test_plots.py)."""
+
+    def __init__(self):
+        from matplotlib.ticker import MaxNLocator
+
+        self.fig = _figure((9.0, 3.2))
+        self.ax = ax = self.fig.subplots()
+        ax.set_ylabel("measured / bound", fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        self.fig.subplots_adjust(left=0.08, right=0.7, top=0.95, bottom=0.15)
+
+    def _clear(self) -> None:
+        ax = self.ax
+        for line in list(ax.lines):
+            line.remove()
+        if ax.legend_ is not None:
+            ax.legend_.remove()
+        ax.relim()
+        ax.set_yscale("linear")
+
+    def draw(self, names: list[str], folded: dict) -> str:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+        self._clear()
+        ax = self.ax
+        for i, name in enumerate(names):
+            # Zero error has no place on a log axis: those points are left out.
+            shown = [(x, r) for x, r in folded[name] if r > 0]
+            ax.plot([x for x, _ in shown], [r for _, r in shown], marker="o", color=f"C{i % 10}",
+                    ls="-" if i < 10 else "--", ms=3, lw=1, label=name)
+            over = [(x, r) for x, r in shown if r > 1]
+            if over:
+                ax.plot([x for x, _ in over], [r for _, r in over], "x", color="red", ms=8, mew=2)
+        ax.axhline(1.0, color="red", lw=1.2)
+        ax.axhline(NEAR_FAILING_RATIO, color="orange", lw=1, ls="--")
+        ax.set_yscale("log")  # resets the y locators and formatter to the log scale's: set again
+        # Decades only, labelled 1e-07 rather than mathtext: tick layout was most of the drawing time.
+        ax.yaxis.set_major_locator(LogLocator(numticks=6))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        return _png(self.fig)
+
+
+def case_figure(record: dict, canvas: CaseCanvas | None = None) -> tuple[str | None, int]:
     """measured / bound per step for each tensor, one line per tensor on one panel (a tensor's ranks
-    folded into the worst one at each point): (base64 PNG or None, tensors left out).
+    folded into the worst one at each point): (base64 PNG or None, tensors left out). canvas: the
+    report's CaseCanvas (None: a new one, for this figure alone).
 
     One panel, not one per tensor: matplotlib's cost is per axes (ticks, text), and a report draws
     up to MAX_PLOTTED_CASES of these; twelve panels a case made writing the report take most of a
@@ -72,32 +142,14 @@ def case_figure(record: dict) -> tuple[str | None, int]:
                 worst[x] = max(worst.get(x, 0.0), m / b)
         folded[name] = sorted(worst.items())
     names = sorted(folded, key=lambda n: max(r for _, r in folded[n]), reverse=True)[:MAX_PANELS]
-    plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
+    return (canvas or CaseCanvas()).draw(names, folded), len(series) - len(names)
 
-    fig, ax = plt.subplots(figsize=(9.0, 3.2))
-    for i, name in enumerate(names):
-        # Zero error has no place on a log axis: those points are left out.
-        shown = [(x, r) for x, r in folded[name] if r > 0]
-        ax.plot([x for x, _ in shown], [r for _, r in shown], marker="o", color=f"C{i % 10}",
-                ls="-" if i < 10 else "--", ms=3, lw=1, label=name)
-        over = [(x, r) for x, r in shown if r > 1]
-        if over:
-            ax.plot([x for x, _ in over], [r for _, r in over], "x", color="red", ms=8, mew=2)
-    ax.axhline(1.0, color="red", lw=1.2)
-    ax.axhline(NEAR_FAILING_RATIO, color="orange", lw=1, ls="--")
-    ax.set_yscale("log")
-    # Decades only, labelled 1e-07 rather than mathtext: tick layout was most of the drawing time.
-    ax.yaxis.set_major_locator(LogLocator(numticks=6))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
-    ax.set_ylabel("measured / bound", fontsize=8)
-    ax.set_xlabel("step", fontsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.subplots_adjust(left=0.08, right=0.7, top=0.95, bottom=0.15)
-    return _png(fig), len(series) - len(names)
+
+def case_figures(records: list[dict], positions: list[int]) -> list[tuple[str | None, int]]:
+    """case_figure of records[i] for each i in positions, on one canvas (a report part:
+    parity.report.workers)."""
+    canvas = CaseCanvas() if positions and not missing() else None
+    return [case_figure(records[i], canvas) for i in positions]
 
 
 def ratio_histogram(records: list[dict]) -> str | None:
@@ -111,12 +163,12 @@ def ratio_histogram(records: list[dict]) -> str | None:
     per_case = np.array([worst_ratio(r) for r in records if worst_ratio(r) is not None], dtype=float)
     if (not per_check.size and not per_case.size) or missing():
         return None
-    plt = _pyplot()
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     low, high = -6.0, 2.0  # log10 of the ratio; anything beyond is counted in the edge bins
     bins = [low + i * 0.25 for i in range(int((high - low) / 0.25) + 1)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    fig = _figure((11, 3.2))
+    axes = fig.subplots(1, 2)
     for ax, values, title in ((axes[0], per_check, "every toleranced check"), (axes[1], per_case, "worst check of each case")):
         zeros = int(np.count_nonzero(values == 0))
         positive = values[values > 0]
@@ -159,7 +211,6 @@ def ratio_by_kind_figure(records: list[dict]) -> str | None:
     ratios = ratios_by_kind(records)
     if not ratios or missing():
         return None
-    plt = _pyplot()
     order = {"fp32": 0, "bf16": 1, "fp16": 2}
     dtypes = sorted({d for d, _ in ratios}, key=lambda d: order.get(d, 9))
     kinds = sorted({k for _, k in ratios})
@@ -169,8 +220,8 @@ def ratio_by_kind_figure(records: list[dict]) -> str | None:
     major, minor = (int(p) for p in matplotlib.__version__.split(".")[:2])
     horizontal = {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
     low = -8.0  # log10; a ratio of exactly 0 (bitwise equal to the oracle) is counted, not drawn
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes), 0.32 * len(kinds) + 1.2), squeeze=False,
-                             sharey=True)
+    fig = _figure((4.6 * len(dtypes), 0.32 * len(kinds) + 1.2))
+    axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
     for ax, dtype in zip(axes[0], dtypes):
         data, labels = [], []
         for kind in kinds:

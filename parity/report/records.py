@@ -13,6 +13,7 @@ from parity.checks.compare import Check
 from parity.checks.tolerances import NEAR_FAILING_RATIO
 from parity.checks.verdict import FAILED, PASSED, STATUSES, XPASSED
 
+SHORTENED = ("rank", "micro", "measured", "bound", "margin", "ratio")  # result_lines: to six significant digits
 RESULT_FIELDS = ("case", "subject", "verdict", "check", "step", "checks", "passed", "rank", "micro", "measured",
                  "bound", "margin", "ratio", "detail")
 
@@ -33,24 +34,37 @@ def result_lines(record: dict) -> list[dict]:
     if not checks:
         return [{**head, "check": None, "reason": record.get("reason") or record.get("first_failure")
                  or "no checks recorded"}]
+    # The default matrix has about 700k checks: one plain loop per check and per row, no helper
+    # calls, is what keeps results.jsonl from being most of the report's writing.
     groups: dict = {}
     for c in checks:  # dicts keep insertion order: setup checks first, then step by step
-        groups.setdefault((c["name"], c.get("step")), []).append(c)
+        key = (c["name"], c.get("step"))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [c]
+        else:
+            group.append(c)
     rows = []
+    isfinite = math.isfinite
     for (name, step), group in groups.items():
         failing = [c for c in group if not c["passed"]]
-        scored = [c for c in (failing or group) if c.get("ratio") is not None]
-        worst = max(scored, key=lambda c: c["ratio"]) if scored else (failing or group)[0]
-        rows.append({**head, "check": name, "step": step, "checks": len(group), "passed": not failing,
-                     **{k: _short(worst.get(k)) for k in ("rank", "micro", "measured", "bound", "margin", "ratio")},
-                     # A passing check's detail is often the message it would fail with.
-                     "detail": (worst.get("detail") or None) if failing else None})
+        pool = failing or group
+        worst = None
+        for c in pool:  # max() by ratio over those with one: the first of equals, as max() keeps
+            ratio = c.get("ratio")
+            if ratio is not None and (worst is None or ratio > top):
+                worst, top = c, ratio
+        if worst is None:
+            worst = pool[0]
+        row = {**head, "check": name, "step": step, "checks": len(group), "passed": not failing}
+        for k in SHORTENED:
+            # Six significant digits: a bound is good to two or three; the full repr doubles the file.
+            value = worst.get(k)
+            row[k] = float(f"{value:.6g}") if isinstance(value, float) and isfinite(value) else value
+        # A passing check's detail is often the message it would fail with.
+        row["detail"] = (worst.get("detail") or None) if failing else None
+        rows.append(row)
     return rows
-
-
-def _short(value):
-    """Six significant digits: a bound is good to two or three; the full repr doubles the file."""
-    return float(f"{value:.6g}") if isinstance(value, float) and math.isfinite(value) else value
 
 
 def first_divergence(record: dict) -> dict | None:
