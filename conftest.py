@@ -19,9 +19,20 @@ from parity.checks.verdict import DIVERGED, FAILED, SKIPPED, XPASSED
 def pytest_addoption(parser):
     parser.addoption("--parity-report", metavar="DIR", default=None,
                      help="write the suite's report (DIR/summary.json, ...) for the cases this run ran")
+    parser.addoption("--parity-reference-cache", metavar="DIR", default=None,
+                     help="keep every computed reference in DIR, keyed by content, shared by the xdist workers "
+                          "and later runs (parity run --reference-cache DIR)")
 
 
 def pytest_configure(config):
+    cache = config.getoption("--parity-reference-cache")
+    if cache is not None:  # on every xdist worker too: each computes its cases' references
+        if Path(cache).exists() and not Path(cache).is_dir():
+            raise pytest.UsageError(f"--parity-reference-cache {cache}: exists and is not a directory "
+                                    "(allowed: a directory, created if missing)")
+        from parity.checks import compare
+
+        compare.use_reference_disk(cache)
     directory = config.getoption("--parity-report")
     if directory is None or hasattr(config, "workerinput"):  # xdist workers only send their reports
         return

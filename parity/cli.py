@@ -71,6 +71,28 @@ def resolve_rerun(args, strict: bool) -> bool:
     return True
 
 
+def use_reference_cache(args) -> None:
+    """--reference-cache DIR: the reference cache's copy on disk (parity/checks/reference_disk.py)."""
+    if args.reference_cache is None:
+        return
+    if args.no_reference_cache:
+        raise UsageError("--reference-cache and --no-reference-cache: give one of them (--no-reference-cache is "
+                         "the harness with no cache at all)")
+    path = Path(args.reference_cache)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--reference-cache {args.reference_cache}: exists and is not a directory "
+                         "(allowed: a directory, created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--reference-cache {args.reference_cache}: cannot create it: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--reference-cache {args.reference_cache}: not writable by this user")
+    from parity.checks import compare
+
+    compare.use_reference_disk(path)
+
+
 def cmd_run(args) -> int:
     from parity.harness.runner import strict_from_env
     from parity.matrix.cases import at_seeds, load, seed_list, select
@@ -83,6 +105,7 @@ def cmd_run(args) -> int:
     if args.rerun_failed and not resolve_rerun(args, strict):
         print(f"parity: {args.rerun_failed}/summary.json lists no failed case: nothing to rerun")
         return 0
+    use_reference_cache(args)
     if args.launcher == "torchrun":
         if args.passes > 1 or args.profile:
             raise UsageError("--passes and --profile work with --launcher spawn only (torchrun starts the ranks, "
@@ -160,7 +183,8 @@ def run_cases(args, cases, strict: bool) -> int:
     if args.profile:
         from parity.report.profile import profile, profile_markdown, write_profile
 
-        prof = profile(verdicts, wall, jobs, report_timing, compare.reference_cache_stats)
+        cache = {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
+        prof = profile(verdicts, wall, jobs, report_timing, cache)
         print(profile_markdown(prof))
         if args.report:
             write_profile(args.report, prof)
@@ -251,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compute every case's reference afresh, after its ranks are done (the baseline "
                           "`-j 1 --no-reference-cache` is the harness before references were shared and "
                           "overlapped with rank work; results are the same)")
+    run.add_argument("--reference-cache", metavar="DIR",
+                     help="also keep every computed reference in DIR, keyed by a hash of what it depends on "
+                          "(its model, training and dtype, the references/ source, torch): later runs, parallel "
+                          "jobs and pytest workers read it instead of computing it again; results are the same")
     run.add_argument("--profile", action="store_true",
                      help="print where the time went (rank start, IPC, rank work, waiting, reference, comparison, "
                           "report writing); with --report also DIR/profile.json and DIR/profile.md")

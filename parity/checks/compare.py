@@ -584,6 +584,17 @@ REFERENCE_CACHE_SIZE = 256
 _reference_cache: OrderedDict = OrderedDict()
 _reference_lock = threading.Lock()  # parity run -j: jobs judge cases in parallel threads
 reference_cache_stats = {"hits": 0, "misses": 0}
+# parity run --reference-cache DIR: a ReferenceDisk (parity.checks.reference_disk) behind the LRU,
+# asked on a miss and given what was computed; None: memory only.
+reference_disk = None
+
+
+def use_reference_disk(directory) -> None:
+    """Keep a copy of every computed reference pair under directory (None: stop)."""
+    global reference_disk
+    from parity.checks.reference_disk import ReferenceDisk
+
+    reference_disk = None if directory is None else ReferenceDisk(directory)
 
 
 def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
@@ -621,7 +632,12 @@ def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
         reference_cache_stats["misses"] += 1
     # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
     # results are the same numbers (the reference is deterministic), so either may be kept.
-    pair = subject.reference(values), subject.reference(values, torch.float64)
+    disk = reference_disk if key is not None else None
+    pair = disk.load(key) if disk else None
+    if pair is None:
+        pair = subject.reference(values), subject.reference(values, torch.float64)
+        if disk:
+            disk.save(key, pair)
     if key is not None:
         with _reference_lock:
             _reference_cache[key] = pair

@@ -47,7 +47,9 @@ def profile_markdown(prof: dict) -> str:
                    [(s, t["cases"], *(f"{t[c]:.2f}" for c in COLUMNS)) for s, t in prof["by_subject"].items()])
     cache = prof.get("reference_cache") or {}
     if cache:
-        lines += ["", f"Reference cache: {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses."]
+        lines += ["", f"Reference cache: {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses."
+                  + (f" On disk (--reference-cache): {cache['disk_hits']} of the misses read, {cache['disk_writes']} "
+                     f"written, {cache['disk_unreadable']} unreadable and computed again." if "disk_hits" in cache else "")]
     if prof["report"]:
         lines += ["", "## Writing the report", ""]
         lines += table(("part", "seconds"), [(k, f"{v:.2f}") for k, v in prof["report"].items()]
