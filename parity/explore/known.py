@@ -38,7 +38,8 @@ SCALE_AXES = frozenset(RANGES)
 class Mark:
     source: str  # "cases/file.toml:matrix[i]"
     subject: str
-    axes: tuple  # ((axis, allowed values), ...): the entry's explicit axes (a crash or contract mark's scale axes left out)
+    # ((axis, allowed values), ...): the entry's explicit axes (a crash or contract mark's scale axes left out)
+    axes: tuple
     divergence: KnownDivergence
 
     def admits(self, case: Case) -> bool:
