@@ -476,8 +476,8 @@ class Comparison:
 
                 def view(a, name=name, rank=rank):
                     return self._param_view(name, a, rank, self.reference)
-                self.close(f"grad[{name}]", got_g, ref_g, orc_g, sampled=self.sampled_error("grad", step, None, None, name, view),
-                           step=step, rank=rank)
+                self.close(f"grad[{name}]", got_g, ref_g, orc_g,
+                           sampled=self.sampled_error("grad", step, None, None, name, view), step=step, rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool(np.any(orc_g != 0))

@@ -11,19 +11,20 @@ measures the rounding error the computation allows.
 
 Monte Carlo arithmetic (Parker, Pierce & Eggert, "Monte Carlo arithmetic", Comput. Sci. Eng. 2(4),
 2000; the idea behind Verificarlo) measures it: rerun the same computation with every rounding
-replaced by a random one of the same size and look at the spread. Here the case-dtype reference
-runs ROUNDING_SAMPLES more times under a dispatch mode that moves the result of every rounding op
-by a factor (1 + u r), r uniform in [-1, 1] and u the unit roundoff of that op's own output dtype
+replaced by a random one of the same size and look at the spread. Here the case-dtype reference runs
+ROUNDING_SAMPLES more times under a dispatch mode that moves the result of every rounding op by a
+factor (1 + u r), r uniform in [-1, 1] and u the unit roundoff of that op's own output dtype
 (float32 inside a bf16 run's CE and master weights, bf16 for its GEMM outputs), in float64, then
 rounds it back to that dtype: the result stays or goes to a neighbouring representable number, an
-error of at most one unit in the last place, as another rounding of the same value could make. A perturbed input of a sum carries its perturbation into the sum in
-proportion to its own size, so a cancelling sum's spread is relative to its terms, as a sharded
-run's error is. Ops that do not round (views, copies, indexing, comparisons, widening casts,
-max/where/neg) are left alone; an op missing from ROUNDING_OPS only makes the spread smaller, so
-the bound is never wider than the samples say. An op listed that happens to be exact (a product with
-1, a division by a power of two) is moved too, and a move goes up to a whole unit in the last place
-where round-to-nearest errs by half of one: the samples err on the wide side, by about a factor two,
-which is what the tiny cases measured (correct subjects at 0.05-0.2 of the sampled bound).
+error of at most one unit in the last place, as another rounding of the same value could make. A
+perturbed input of a sum carries its perturbation into the sum in proportion to its own size, so a
+cancelling sum's spread is relative to its terms, as a sharded run's error is. Ops that do not round
+(views, copies, indexing, comparisons, widening casts, max/where/neg) are left alone; an op missing
+from ROUNDING_OPS only makes the spread smaller, so the bound is never wider than the samples say.
+An op listed that happens to be exact (a product with 1, a division by a power of two) is moved too,
+and a move goes up to a whole unit in the last place where round-to-nearest errs by half of one: the
+samples err on the wide side, by about a factor two, which is what the tiny cases measured (correct
+subjects at 0.05-0.2 of the sampled bound).
 
 The samples are seeded (sample i uses seed i): the same case gets the same spread every time.
 """

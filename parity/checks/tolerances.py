@@ -38,15 +38,15 @@ enough for their statistics (ELEMENTWISE_MIN_SIZE):
   every element of a ratio of two rounding errors. (The typical *error*, not the typical value:
   rms(oracle) would let an entry a hundred times smaller than the typical one be anything.)
 
-A tensor of fewer than ELEMENTWISE_MIN_SIZE elements is judged by the max criterion alone, and
-there max|ref - oracle| is the error of a handful of elements in one run. At tiny shapes (vocab 2-4,
-hidden 2, found by `parity explore`) every entry can be a cancelling sum (a bias gradient sums
-p - onehot over tokens; a 2-row head's input gradient is w0 d0 + w1 d1 with d1 ~ -d0): its rounding
+A tensor of fewer than ELEMENTWISE_MIN_SIZE elements is judged by the max criterion alone, and there
+max|ref - oracle| is the error of a handful of elements in one run. At tiny shapes (vocab 2-4,
+hidden 2, found by `parity explore`) every entry can be a cancelling sum (a bias gradient sums p -
+onehot over tokens; a 2-row head's input gradient is w0 d0 + w1 d1 with d1 ~ -d0): its rounding
 error is relative to the sum's terms, which neither max|oracle| (the floor) nor the reference's one
 error measures; the reference may round it almost exactly while a sharded run, whose partial sums
-are rounded before the all-reduce, makes the error the terms allow (measured: 1.05-1.84 of the
-bound on correct subjects, whose largest error was 6-9 times the reference's). Such a tensor,
-when it misses that bound, gets a second estimate of the reference error: the largest error of
+are rounded before the all-reduce, makes the error the terms allow (measured: 1.05-1.84 of the bound
+on correct subjects, whose largest error was 6-9 times the reference's). Such a tensor, when it
+misses that bound, gets a second estimate of the reference error: the largest error of
 ROUNDING_SAMPLES reruns of the case-dtype reference with every rounding moved by up to one unit of
 its dtype (Monte Carlo arithmetic, parity/checks/rounding.py). Where that sampled error exceeds the
 floor itself (FLOOR_ULPS units of max|oracle|), the floor's premise, that max|oracle| is the largest
@@ -54,13 +54,14 @@ magnitude involved, is disproved for this tensor: its entries are cancelling sum
 then, the bound is SHARDING_SLACK x max(reference_error, sampled_error) + the same floor. (Without
 that condition, the samples also widened small tensors at the default shapes that do not cancel,
 where the reference's one error happened to be small: a bf16 fused-CE per-token loss, 24 entries,
-caught a planted scale error from 0.091 instead of 0.070.) Why eight: the max of eight
-independent samples of a roughly Gaussian rounding error falls below a quarter of its standard
-deviation with probability 0.2^8 ~ 3e-6, so the estimate is not itself a lucky one. Only for a tensor
-that misses its first bound, and only below ELEMENTWISE_MIN_SIZE: the samples can only widen a bound, so a tensor that passes has the
-same verdict whether they were taken or not (its ratio is reported against the first bound), each
-sample costs one reference run under a Python dispatch mode (seconds), and a tensor of 32 elements
-or more keeps exactly the bounds above, whose max of many elements' errors is a stable estimate.
+caught a planted scale error from 0.091 instead of 0.070.) Why eight: the max of eight independent
+samples of a roughly Gaussian rounding error falls below a quarter of its standard deviation with
+probability 0.2^8 ~ 3e-6, so the estimate is not itself a lucky one. Only for a tensor that misses
+its first bound, and only below ELEMENTWISE_MIN_SIZE: the samples can only widen a bound, so a
+tensor that passes has the same verdict whether they were taken or not (its ratio is reported
+against the first bound), each sample costs one reference run under a Python dispatch mode
+(seconds), and a tensor of 32 elements or more keeps exactly the bounds above, whose max of many
+elements' errors is a stable estimate.
 
 u is the unit roundoff of the *floor dtype*: the least precise rounding on the path from the
 reference's exact inputs to that tensor (references.trajectory.Trajectory.floor_dtypes): the case

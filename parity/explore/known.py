@@ -10,7 +10,10 @@ Two ways an explored case meets a mark:
    their defaults are free. A crash mark (``raises``) also frees the scale axes (vocab, hidden, tp,
    dp, gas, grain, chunk) it lists: its evidence, one rank raising that very error while the others
    merely lose their peer, is specific enough to carry over sizes (an empty shard at 5 over 4 is the
-   one at 9 over 4). A numerical mark's evidence is only a list of checks allowed to fail, which
+   one at 9 over 4). So does a contract mark (``checks`` all ``contract[...]``): its evidence is the
+   dtype or device of the records it names, what a tensor is and not what it holds, which no size
+   decides (ZeRO 0 hands back a bf16 gradient at vocab 2 as at 35), while every numerical check
+   must still pass. A numerical mark's evidence is only a list of checks allowed to fail, which
    any bug of the same tensors would also meet, so it carries over nothing it lists: the Liger-gate
    mark (vocab 18, grain 4, tp 3) must not excuse a gradient miss at vocab 2 with equal shards.
 
@@ -35,7 +38,8 @@ SCALE_AXES = frozenset(RANGES)
 class Mark:
     source: str  # "cases/file.toml:matrix[i]"
     subject: str
-    axes: tuple  # ((axis, allowed values), ...): the entry's explicit axes (a crash mark's scale axes left out)
+    # ((axis, allowed values), ...): the entry's explicit axes (a crash or contract mark's scale axes left out)
+    axes: tuple
     divergence: KnownDivergence
 
     def admits(self, case: Case) -> bool:
@@ -63,10 +67,12 @@ def marks(paths=None) -> list[Mark]:
                               and all(c.values.get(a) in v for a, v in scope.items())), None)
                 if first is None:
                     continue
-                crash = bool(first.divergence.raises)
+                checks = first.divergence.checks
+                sizeless = bool(first.divergence.raises) or (bool(checks) and all(c.startswith("contract[")
+                                                                                  for c in checks))
                 axes = {**table.get("axes", {}), **scope}
                 explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
-                                 if not (crash and a in SCALE_AXES))
+                                 if not (sizeless and a in SCALE_AXES))
                 found.append(Mark(first.source, table["subject"], explicit, first.divergence))
     return found
 

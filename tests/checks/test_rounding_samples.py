@@ -12,6 +12,7 @@ from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
 
 U32 = unit_roundoff("fp32")
+CASE_ID = "direct_vocab_parallel-bf16-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu"
 
 
 def test_the_noise_is_relative_to_each_op_and_leaves_exact_ops_alone():
@@ -95,7 +96,7 @@ def test_samples_are_taken_only_for_a_small_tensor_that_misses_its_first_bound()
 
 def test_the_reruns_reproduce_every_record_of_the_reference():
     """The samples are the case-dtype reference rerun: the same records, each near the reference."""
-    case = next(c for c in load() if c.id == "direct_vocab_parallel-bf16-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu")
+    case = next(c for c in load() if c.id == CASE_ID)
     subject = SUBJECTS[case.subject]
     reference, oracle = reference_pair(subject, case.values)
     spread = rounding.sampled_error(subject, case.values, oracle, 2)
@@ -105,7 +106,7 @@ def test_the_reruns_reproduce_every_record_of_the_reference():
 
 
 def test_a_comparison_takes_the_samples_once():
-    case = next(c for c in load() if c.id == "direct_vocab_parallel-bf16-mean-v34-h32-bias-lm_head-ign_scattered-gas2-tp2-cpu")
+    case = next(c for c in load() if c.id == CASE_ID)
     subject = SUBJECTS[case.subject]
     reference, oracle = reference_pair(subject, case.values)
     rounding.clear_cache()

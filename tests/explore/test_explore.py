@@ -118,6 +118,19 @@ def test_a_numerical_mark_does_not_carry_over_the_sizes_it_lists():
     assert any(m.admits(explored_case("vocab_parallel", at_its_sizes)) for m in gate)
 
 
+def test_a_contract_mark_carries_over_sizes_and_nothing_else():
+    # ZeRO 0's bf16 gradient dtype (contract[grad]) at vocab 2, hidden 2 (parity explore --seed 5):
+    # the same divergence as at the listed sizes; an fp32 or ZeRO 1 case is not admitted.
+    values = {"dtype": "bf16", "reduction": "mean", "vocab": 2, "hidden": 2, "bias": True, "head": "lm_head",
+              "ignore": "scattered", "zero": 0, "gas": 1, "tp": 2, "dp": 1, "grain": 1, "clip": 0.0,
+              "device": "cpu", "ignore_index": -100}
+    dtype_marks = [m for m in MARKS.marks if m.subject == "column_gathered"
+                   and m.divergence.checks == ("contract[grad]",)]
+    assert any(m.admits(explored_case("column_gathered", values)) for m in dtype_marks)
+    for other in ({"dtype": "fp32"}, {"zero": 1}):
+        assert not any(m.admits(explored_case("column_gathered", {**values, **other})) for m in dtype_marks)
+
+
 def _explore(tmp_path, mutant: str | None):
     env = {k: v for k, v in os.environ.items() if k != "PARITY_MUTANT"}
     if mutant:
