@@ -296,7 +296,14 @@ class EngineHead(Subject):
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def requires(self, values):
-        return super().requires(values) + engine_dtype_requirements(values)
+        # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
+        # Triton's interpreter on every rank whose own gate passes (which at uneven shards is not every
+        # rank: the documented per-rank gate), as the loss-only Liger cases do. Seen on the H200 host
+        # (triton 3.6, numpy 2.5): without the requirement those cases failed in the interpreter.
+        interpreted = (values.get("device", "cpu") == "cpu" and values.get("triton") == "claimed"
+                       and values["backend"] == "liger")
+        return (super().requires(values) + engine_dtype_requirements(values)
+                + (["triton_interpreter"] if interpreted else []))
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         setup_deepspeed(ctx)
