@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}  # PY=python3 where the packages are installed system-wide (the GPU host)
 WORK=$(mktemp -d /tmp/parity-bench.XXXXXX)
 echo "bench_speed.sh: $(nproc) cores, work dir $WORK, baseline commit $BASE, quick=$QUICK"
 

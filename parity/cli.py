@@ -167,6 +167,7 @@ def run_cases(args, cases, strict: bool) -> int:
             if interrupted:
                 break
     finally:
+        cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
         runner.close(force=interrupted)
     # The summary, report and profile are the last pass's (each pass runs the same cases).
     print(summary_table(verdicts, wall, not_run))
@@ -183,8 +184,7 @@ def run_cases(args, cases, strict: bool) -> int:
     if args.profile:
         from parity.report.profile import profile, profile_markdown, write_profile
 
-        cache = {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
-        prof = profile(verdicts, wall, jobs, report_timing, cache)
+        prof = profile(verdicts, wall, jobs, report_timing, cache_stats)
         print(profile_markdown(prof))
         if args.report:
             write_profile(args.report, prof)
@@ -269,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take on its ranks")
     run.add_argument("-j", "--jobs", type=int, default=0, metavar="N",
-                     help="rank groups running cases at once (default: cores // the largest selected world size; "
-                          "results are the same for every N)")
+                     help="job processes running cases at once, each with its own rank groups (default: cores // "
+                          "the smallest selected world size, at most one per 6 GiB available; busy ranks never "
+                          "outnumber the cores; results are the same for every N)")
     run.add_argument("--no-reference-cache", action="store_true",
                      help="compute every case's reference afresh, after its ranks are done (the baseline "
                           "`-j 1 --no-reference-cache` is the harness before references were shared and "

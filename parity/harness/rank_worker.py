@@ -66,9 +66,25 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
                          "facts": facts if isinstance(facts, dict) else {}}
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank when the process that started it dies, even by SIGKILL
+    (a job process of parity run -j killed for memory): an orphaned rank would wait on its task
+    queue for ever."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
               log_path: str) -> None:
     log = send_output_to(log_path)
+    _die_with_parent()
     # A terminal's Ctrl-C reaches the whole process group; the parent decides what it means (a
     # partial report) and stops its ranks itself, so a rank must not die mid-case on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

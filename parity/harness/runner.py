@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,11 +25,24 @@ DEFAULT_CASE_TIMEOUT_S = 120.0
 DEFAULT_MAX_LIVE_RANKS = 12
 
 
+# A job process holds up to DEFAULT_MAX_LIVE_RANKS ranks of about 420 MB each, plus its own
+# references: budget this much available memory per job, so -j's default never swaps.
+JOB_MEMORY_BYTES = 6 << 30
+
+
 def default_jobs(cases) -> int:
-    """As many rank groups at once as the cores can feed: every rank of the largest group gets a core."""
+    """As many job processes as the cores can feed, at the selection's smallest world size (the
+    dispatcher still keeps the busy ranks within the cores), and as the available memory holds."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    largest = max((c.world_size for c in cases), default=1)
-    return max(1, cores // largest)
+    smallest = min((c.world_size for c in cases), default=1)
+    jobs = cores // max(1, smallest)
+    try:
+        import psutil
+
+        jobs = min(jobs, psutil.virtual_memory().available // JOB_MEMORY_BYTES)
+    except ImportError:
+        pass
+    return max(1, int(jobs))
 
 
 def strict_from_env() -> bool:
@@ -48,7 +60,7 @@ class Runner:
         # (parity run --no-reference-cache, the benchmark's baseline).
         self.overlap_reference = overlap_reference
         self.pools: dict = {}
-        self.workers: list = []  # run_all's other jobs, kept across calls (parity run --passes reuses their ranks)
+        self.job_processes = None  # run_all's jobs (parity/harness/job_processes.py), kept across calls
         # One thread computes the next case's reference while the ranks run it (Runner._run).
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
 
@@ -70,9 +82,9 @@ class Runner:
 
     def close(self, force: bool = False) -> None:
         """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
-        for w in self.workers:
-            w.close(force=force)
-        self.workers.clear()
+        if self.job_processes is not None:
+            self.job_processes.close(force=force)
+            self.job_processes = None
         for p in self.pools.values():
             p.close(force=force)
         self.pools.clear()
@@ -82,10 +94,20 @@ class Runner:
     def rank_pids(self) -> dict:
         """(world size, device) -> the pids of this runner's live rank groups, its jobs' included."""
         found: dict = {}
-        for runner in [self, *self.workers]:
-            for key, pool in runner.pools.items():
-                found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
+        for key, pool in self.pools.items():
+            found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
+        if self.job_processes is not None:
+            for key, pids in self.job_processes.rank_pids().items():
+                found.setdefault(key, []).extend(pids)
         return found
+
+    def reference_cache_stats(self) -> dict:
+        """Reference cache hits and misses (and the disk copy's), this process's or its jobs' summed."""
+        from parity.checks import compare
+
+        if self.job_processes is not None:
+            return self.job_processes.reference_cache_stats()
+        return {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
 
     def run(self, case: Case) -> Verdict:
         timing: dict = {}
@@ -95,42 +117,22 @@ class Runner:
         return verdict
 
     def run_all(self, cases, jobs: int = 1):
-        """Yield every case's verdict, in the cases' order, running up to ``jobs`` at once.
-
-        Each job owns its rank groups (a Runner of its own), so groups never share a case; the
-        parent's reference and comparison work of one job overlaps the rank work of the others.
-        Threads, not processes: the parent mostly waits on rank queues, and torch releases the GIL
-        in the reference's kernels. Verdicts do not depend on which job ran a case (a rank seeds
-        everything from the case), so the order of completion never shows in the results.
-        """
+        """Yield every case's verdict, in the cases' order, running up to ``jobs`` at once: jobs > 1
+        runs them in job processes (parity/harness/job_processes.py), each with its own rank groups,
+        references and comparisons, kept for the next call."""
         if jobs <= 1:
             for case in cases:
                 yield self.run(case)
             return
-        idle: queue.SimpleQueue = queue.SimpleQueue()
-        while len(self.workers) < jobs - 1:
-            self.workers.append(Runner(self.timeout_s, self.strict, self.log_dir, self.overlap_reference,
-                                       self.max_live_ranks))
-        for w in [self] + self.workers[:jobs - 1]:
-            idle.put(w)
+        from parity.harness.job_processes import JobProcesses
 
-        def run_one(case):
-            worker = idle.get()
-            try:
-                return worker.run(case)
-            finally:
-                idle.put(worker)
-
-        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="parity-job")
-        futures = []
-        try:
-            futures = [pool.submit(run_one, case) for case in cases]
-            for future in futures:
-                yield future.result()
-        finally:
-            for f in futures:
-                f.cancel()
-            pool.shutdown(wait=True)
+        if self.job_processes is None or self.job_processes.jobs != jobs:
+            if self.job_processes is not None:
+                self.job_processes.close()
+            self.job_processes = JobProcesses(jobs, {
+                "timeout_s": self.timeout_s, "strict": self.strict, "log_dir": self.log_dir,
+                "overlap_reference": self.overlap_reference, "max_live_ranks": self.max_live_ranks})
+        yield from self.job_processes.run_all(cases)
 
     def _run(self, case: Case, timing: dict) -> Verdict:
         skipped = skip_verdict(case, self.strict)

@@ -127,8 +127,19 @@ def _assumed_missing() -> set[str]:
     return names
 
 
+# Answers another process already probed (parity run -j hands its job processes the parent's).
+_preset: dict = {}
+
+
+def preset(answers: dict) -> None:
+    """Take these answers (name -> None or why missing) instead of probing again."""
+    _preset.update(answers)
+
+
 @functools.cache
 def _probe(name: str) -> str | None:
+    if name in _preset:
+        return _preset[name]
     return PROBES[name]()
 
 

@@ -17,8 +17,15 @@ def rss_mib(pid: int | None = None) -> float | None:
 
 def rss_snapshot(rank_pids: dict) -> dict:
     """{"parent": MiB, "ranks": {"w2-cpu": [MiB per rank, ...], ...}}; rank_pids as Runner.rank_pids()."""
-    return {"parent": rss_mib(), "ranks": {f"w{world}-{device}": [rss_mib(pid) for pid in pids]
-                                           for (world, device), pids in sorted(rank_pids.items())}}
+    # ("jobs", ""): parity run -j's job processes, listed after the rank groups.
+    return {"parent": rss_mib(), "ranks": {(f"w{world}-{device}" if isinstance(world, int) else world):
+                                           [rss_mib(pid) for pid in pids]
+                                           for (world, device), pids in sorted(rank_pids.items(), key=_group_order)}}
+
+
+def _group_order(item):
+    (world, device), _ = item
+    return (not isinstance(world, int), world if isinstance(world, int) else 0, str(device))
 
 
 def _mib(value) -> str:

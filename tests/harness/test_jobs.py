@@ -3,6 +3,7 @@
 gives: the same verdicts in the same order and a bitwise identical results.jsonl, on a selection
 that mixes world sizes 2 and 3, skips, a rejection and a known divergence."""
 import json
+import time
 
 from parity.checks import compare
 from parity.harness.runner import Runner, default_jobs
@@ -50,9 +51,55 @@ def test_parallel_jobs_give_the_serial_results_bitwise(monkeypatch):
     assert [s for _, s, _ in serial].count("passed") >= 4 and "skipped" in [s for _, s, _ in serial]
 
 
-def test_default_jobs_gives_every_rank_of_the_largest_group_a_core(monkeypatch):
+def test_default_jobs_feeds_the_cores_at_the_smallest_world_size_within_memory(monkeypatch):
+    import psutil
+
+    from parity.harness import runner
+
     cases = [c for c in load() if c.world_size == 2][:1] + [c for c in load() if c.world_size == 4][:1]
+    memory = type("Memory", (), {"available": 64 * runner.JOB_MEMORY_BYTES})
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
-    assert default_jobs(cases) == 4
+    assert default_jobs(cases) == 8
+    assert default_jobs(cases[1:]) == 4
+    memory.available = 3 * runner.JOB_MEMORY_BYTES
+    assert default_jobs(cases) == 3  # each job's rank groups must fit in memory
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert default_jobs(cases) == 1
+
+
+def test_batches_keep_a_reference_and_a_world_size_together():
+    from parity.harness.job_processes import batches
+    from parity.subjects import SUBJECTS
+
+    cases = [c for c in load() if c.subject == "column_gathered" and c["dtype"] == "fp32"][:40]
+    found = batches(cases)
+    assert sorted(i for b in found for i, _ in b) == list(range(len(cases)))
+    for batch in found:
+        keys = {(c.world_size, repr(SUBJECTS[c.subject].reference_key(c.values))) for _, c in batch}
+        assert len(keys) == 1
+    assert any(len(b) > 1 for b in found)  # cases that share a reference go to one job
+
+
+def test_a_dead_job_fails_the_cases_it_held_and_the_run_goes_on():
+    import os
+    import signal
+    from collections import deque
+
+    from parity.harness.job_processes import JobProcesses, batches
+
+    cases = [c for c in load() if c.subject == "column_gathered" and c["tp"] == 2 and c["dtype"] == "fp32"][:2]
+    jobs = JobProcesses(1, {"timeout_s": 120})
+    try:
+        jobs._start(cases)
+        done: dict = {}
+        jobs._dispatch(deque(batches(cases[:1])), done)
+        os.kill(jobs.pool[0].proc.pid, signal.SIGKILL)  # while it starts its ranks for the case
+        deadline = time.monotonic() + 60
+        while 0 not in done and time.monotonic() < deadline:
+            jobs._collect(done)
+        assert done[0].status == "failed" and "died with exit code -9" in done[0].reason
+        after = list(jobs.run_all(cases))  # a fresh job took its place
+        assert [v.status for v in after] == ["passed", "passed"]
+    finally:
+        jobs.close()

@@ -1,0 +1,241 @@
+"""parity run -j N: N job processes side by side, each a Runner with its own rank groups.
+
+Why processes, not threads in the parent: the parent's share of a case (the reference, unpickling
+what the ranks sent, the comparison's checks: about 700k for the default matrix) is Python under
+one GIL. With jobs as threads, that share ran one case at a time: on the H200 host's 16 cores the
+default matrix took over 300 s at -j 2, no faster than one case at a time. A job process does its
+cases' references and comparisons itself, so the parent only dispatches and yields verdicts.
+
+How cases are dealt out:
+- in batches of cases that share a world size, a device and a reference_key (parity.checks.compare),
+  so one job computes each reference once, as a single process did, and reuses one warm group;
+- a batch goes to an idle job that already holds a live group of its world size if there is one
+  (starting a group costs seconds of imports per rank);
+- a batch is sent only while the ranks of the batches under way leave room for its world size on
+  the cores, so ranks never outnumber the cores (a batch larger than all the cores runs alone).
+
+Verdicts come back in the cases' order and do not depend on which job ran a case (a rank seeds
+everything from the case, a reference is a function of the case): tests/harness/test_jobs.py holds
+results.jsonl bitwise to the serial harness's. A job that dies fails the cases it still held, with
+its exit code, and is replaced; nothing waits on it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+
+from parity.checks.verdict import FAILED, Verdict
+
+# Seconds a job gets to leave after being told to (it closes its rank groups first).
+JOB_CLOSE_S = 20.0
+
+
+def batches(cases) -> list[list[tuple[int, object]]]:
+    """(index, case) lists, each of one world size, device and reference_key, in the order of their
+    first case; cases without a reference_key (rejections, subjects that share none) come one by one."""
+    from parity.subjects import SUBJECTS
+
+    grouped: dict = {}
+    for index, case in enumerate(cases):
+        key = None if case.expect.is_error else SUBJECTS[case.subject].reference_key(case.values)
+        slot = (case.world_size, case.values.get("device", "cpu"), repr(key)) if key is not None else ("one", index)
+        grouped.setdefault(slot, []).append((index, case))
+    return list(grouped.values())
+
+
+def needed_capabilities(cases) -> set[str]:
+    from parity.subjects import SUBJECTS
+
+    return {name for c in cases for name in SUBJECTS[c.subject].requires(c.values)}
+
+
+def job_main(job_id: int, settings: dict, tasks, results) -> None:
+    """The body of one job process: run the batches it is sent, one verdict per case, until None."""
+    # SIGTERM (the parent closing in a hurry) must still close this job's rank groups: they are
+    # its children and would otherwise wait on their task queues for ever.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    import torch
+
+    from parity.checks import compare
+    from parity.harness.runner import Runner
+    from parity.mutation.catalog import apply_from_env
+    from parity.observe import capabilities
+
+    # The jobs share the cores: a reference's kernels get one thread each (at these sizes torch
+    # runs them on one thread anyway, so the numbers are the parent's).
+    torch.set_num_threads(1)
+    capabilities.preset(settings["capabilities"])
+    apply_from_env("parent")  # a planted reference mutant lives where references are computed
+    compare.REFERENCE_CACHE_SIZE = settings["reference_cache_size"]
+    if settings["reference_disk"]:
+        compare.use_reference_disk(settings["reference_disk"])
+    runner = Runner(**settings["runner"])
+    try:
+        while True:
+            batch = tasks.get()
+            if batch is None:
+                break
+            for index, case in batch:
+                verdict = runner.run(case)
+                try:
+                    payload = pickle.dumps(verdict)
+                except Exception:  # noqa: BLE001 - an unpicklable verdict must not vanish in the queue's feeder thread
+                    payload = pickle.dumps(Verdict(case, FAILED, seconds=verdict.seconds,
+                                                   reason=f"harness error: the verdict could not be sent "
+                                                          f"back:\n{traceback.format_exc()}"))
+                # With every verdict, what the job holds now: its cache's counts, its live ranks.
+                stats = {**compare.reference_cache_stats,
+                         **(compare.reference_disk.stats if compare.reference_disk else {})}
+                results.put((job_id, index, payload, stats, runner.rank_pids()))
+    finally:
+        runner.close()
+
+
+class _Job:
+    def __init__(self, job_id: int, ctx, settings: dict, results):
+        self.id = job_id
+        self.tasks = ctx.Queue()
+        self.proc = ctx.Process(target=job_main, args=(job_id, settings, self.tasks, results),
+                                name=f"parity-job-{job_id}", daemon=False)
+        self.proc.start()
+        self.batch: dict = {}  # index -> case, what it was sent and has not answered yet
+        self.ranks = 0  # the largest world size of the batch under way
+        self.live: dict = {}  # (world size, device) -> pids, as it last said
+        self.stats: dict = {}
+
+    @property
+    def idle(self) -> bool:
+        return not self.batch
+
+
+class JobProcesses:
+    """N job processes, kept across run_all calls (parity run --passes reuses them and their ranks)."""
+
+    def __init__(self, jobs: int, runner_settings: dict, cores: int | None = None):
+        from parity.checks import compare
+
+        self.jobs = jobs
+        self.cores = cores or _cores()
+        self.settings = {"runner": runner_settings, "capabilities": {},
+                         "reference_cache_size": compare.REFERENCE_CACHE_SIZE,
+                         "reference_disk": str(compare.reference_disk.directory) if compare.reference_disk else None}
+        self.ctx = mp.get_context("spawn")
+        self.results = self.ctx.Queue()
+        self.pool: list[_Job] = []
+        self.started = 0
+
+    def _start(self, cases) -> None:
+        from parity.observe import capabilities
+
+        # Probed once here, not once per job (the Triton probe alone is seconds of a child process).
+        wanted = needed_capabilities(cases) - set(self.settings["capabilities"])
+        self.settings["capabilities"].update({name: capabilities.missing(name) for name in sorted(wanted)})
+        while len(self.pool) < self.jobs:
+            self.pool.append(_Job(self.started, self.ctx, self.settings, self.results))
+            self.started += 1
+
+    def run_all(self, cases):
+        """Yield every case's verdict, in the cases' order."""
+        if any(not job.idle for job in self.pool):
+            raise RuntimeError("run_all: the previous run_all was not finished")
+        self._start(cases)
+        pending = deque(batches(cases))
+        done: dict = {}
+        following = 0
+        while following < len(cases):
+            self._dispatch(pending, done)
+            self._collect(done)
+            while following in done:
+                verdict = done.pop(following)
+                verdict.case = cases[following]  # the caller's own object, not a copy
+                yield verdict
+                following += 1
+
+    def _dispatch(self, pending: deque, done: dict) -> None:
+        self._replace_dead(done)
+        while pending:
+            idle = [job for job in self.pool if job.idle]
+            if not idle:
+                return
+            batch = pending[0]
+            world, device = batch[0][1].world_size, batch[0][1].values.get("device", "cpu")
+            busy = sum(job.ranks for job in self.pool)
+            if busy and busy + world > self.cores:
+                return
+            warm = [job for job in idle if (world, device) in job.live]
+            job = (warm or sorted(idle, key=lambda j: sum(len(p) for p in j.live.values())))[0]
+            pending.popleft()
+            job.batch = {index: case for index, case in batch}
+            job.ranks = world
+            job.live.setdefault((world, device), [])  # warm by the time the next such batch comes
+            job.tasks.put(batch)
+
+    def _collect(self, done: dict) -> None:
+        try:
+            message = self.results.get(timeout=0.5)
+        except queue.Empty:
+            self._replace_dead(done)
+            return
+        job_id, index, payload, stats, live = message
+        job = next((j for j in self.pool if j.id == job_id), None)
+        if job is None:  # a replaced job's last words
+            return
+        job.batch.pop(index, None)
+        done[index] = pickle.loads(payload)
+        job.stats, job.live = stats, live
+        if not job.batch:
+            job.ranks = 0
+
+    def _replace_dead(self, done: dict) -> None:
+        for slot, job in enumerate(self.pool):
+            if job.proc.is_alive():
+                continue
+            why = f"job process {job.proc.name} (pid {job.proc.pid}) died with exit code {job.proc.exitcode}"
+            for index, case in job.batch.items():
+                done[index] = Verdict(case, FAILED, reason=f"harness error: {why} while it held this case")
+            job.tasks.cancel_join_thread()
+            self.pool[slot] = _Job(self.started, self.ctx, self.settings, self.results)
+            self.started += 1
+
+    def rank_pids(self) -> dict:
+        """(world size, device) -> the pids of every job's live ranks, plus ("jobs", "") -> the jobs'."""
+        found: dict = {("jobs", ""): [job.proc.pid for job in self.pool if job.proc.is_alive()]}
+        for job in self.pool:
+            for key, pids in job.live.items():
+                if pids:
+                    found.setdefault(tuple(key), []).extend(pids)
+        return found
+
+    def reference_cache_stats(self) -> dict:
+        total: dict = {}
+        for job in self.pool:
+            for name, count in job.stats.items():
+                total[name] = total.get(name, 0) + count
+        return total
+
+    def close(self, force: bool = False) -> None:
+        for job in self.pool:
+            if force:
+                job.proc.terminate()  # SIGTERM: it closes its ranks and leaves
+                job.tasks.cancel_join_thread()
+            else:
+                job.tasks.put(None)
+        deadline = time.monotonic() + JOB_CLOSE_S
+        for job in self.pool:
+            job.proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if job.proc.is_alive():
+                job.proc.kill()
+                job.proc.join(timeout=5)
+        self.pool.clear()
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
