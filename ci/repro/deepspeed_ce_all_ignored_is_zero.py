@@ -18,26 +18,25 @@ Exit status 1 while DeepSpeed returns a number where torch returns nan, 0 once t
 import importlib
 import math
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import free_port, init_gloo, set_rank_env  # noqa: E402
 import torch.nn.functional as F
 
 VOCAB, TOKENS = 10, 6
 
 if __name__ == "__main__":
     os.environ["DS_ACCELERATOR"] = "cpu"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    set_rank_env(0, 1, free_port())
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
     from deepspeed.sequence.cross_entropy import VocabParallelCausalLMLoss, vocab_parallel_cross_entropy
 
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    init_gloo()
     deepspeed.init_distributed(dist_backend="gloo")
 
     logits = torch.randn(TOKENS, VOCAB, generator=torch.Generator().manual_seed(0))

@@ -14,12 +14,12 @@ Exit status 1 while the padding row gets a gradient, 0 once it stays zero (or th
 import copy
 import importlib
 import os
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, HIDDEN, PAD = 2, 35, 32, 0
 
@@ -36,13 +36,10 @@ class Tiny(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
 
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = Tiny()
@@ -62,15 +59,10 @@ def rank_main(rank, port, result):
     embedding = model.embed_tokens
     result[rank] = (embedding.padding_idx, float(embedding.weight.grad[PAD].abs().max()),
                     float(plain.embed_tokens.weight.grad[PAD].abs().max()))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"})
     for rank in range(TP):
         padding_idx, ds, torch_grad = result[rank]
         print(f"rank {rank}: embedding padding_idx after initialize = {padding_idx}; max |grad of padding row| "

@@ -20,12 +20,12 @@ top-level one (or init_inference refuses the model).
 import copy
 import importlib
 import os
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, HIDDEN, INTERMEDIATE = 2, 34, 32, 128  # 128: two whole grains of init_inference's default 64
 
@@ -90,13 +90,10 @@ def shard(rank, model):
             float((logits - want).abs().max()))
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
 
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     top = TinyForCausalLM()
@@ -108,15 +105,10 @@ def rank_main(rank, port, result):
     except (ValueError, AssertionError, NotImplementedError) as exc:  # a refusal is a fix too
         outcome["nested model.lm_head"] = f"raised {type(exc).__name__}: {exc}"
     result[rank] = outcome
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"})
     replicated = False
     for rank in range(TP):
         for where, got in result[rank].items():

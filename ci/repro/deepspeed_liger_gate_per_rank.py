@@ -18,28 +18,26 @@ the loss matches F.cross_entropy.
 """
 import importlib
 import os
-import socket
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Liger's kernels are defined
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, GRAIN, TOKENS = 3, 18, 4, 6
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", TRITON_INTERPRET="1")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
     import deepspeed.sequence.cross_entropy as ce
     from deepspeed.accelerator import get_accelerator
     from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size_list
 
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
     deepspeed.init_distributed(dist_backend="gloo")
     accelerator = get_accelerator()
     accelerator.is_triton_supported = lambda: True  # what a CUDA accelerator reports
@@ -57,15 +55,10 @@ def rank_main(rank, port, result):
                                            backend="liger")
     want = torch.nn.functional.cross_entropy(logits, target, reduction="none")
     result[rank] = (sizes, chose_liger, float((loss - want).abs().max()), loss[:3].tolist(), want[:3].tolist())
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1"})
     for rank in range(TP):
         sizes, liger, err, got, want = result[rank]
         print(f"rank {rank}: shards {sizes}, gate picks {'liger' if liger else 'torch'}, "

@@ -18,12 +18,13 @@ Exit status 1 while a refused initialize modifies the model, 0 once the model is
 """
 import importlib
 import os
-import socket
 import sys
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, HIDDEN = 2, 34, 32
 
@@ -64,9 +65,7 @@ REFUSALS["liger backend without a vocab-parallel head"][1]["tensor_parallel"]["p
     {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True})
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
 
@@ -88,11 +87,7 @@ def rank_main(rank, port, result):
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"}, init=False)
     converted = []
     for what, (outcome, before, after, logits) in result.items():
         print(f"{what}:\n  initialize -> {outcome}\n  lm_head before: {before[0]} weight {before[1]}; "

@@ -15,19 +15,18 @@ Exit status 1 while the refused initialize leaves training mode on, 0 once it is
 """
 import importlib
 import os
-import socket
 import sys
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP = 2
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
     from deepspeed.module_inject.layers import is_autotp_training_mode
@@ -52,11 +51,7 @@ def rank_main(rank, port, result):
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"}, init=False)
     print(f"initialize -> {result['outcome']}")
     print(f"AutoTP training mode before: {result['before']}, after the refused call: {result['after']}")
     sys.exit(1 if result["after"] != result["before"] else 0)

@@ -16,7 +16,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, HIDDEN = 2, 35, 32
 
@@ -33,13 +35,10 @@ class Tiny(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
 
 
-def rank_main(rank, port, result):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(TP), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
 
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = Tiny().to(torch.bfloat16)
@@ -62,17 +61,10 @@ def rank_main(rank, port, result):
     engine.step()
     if rank == 0:
         result.update(engine=float(engine.get_global_grad_norm()), true=true_norm, rank0_grads_only=rank0_only)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"})
     print(f"engine.get_global_grad_norm() = {result['engine']:.6f}")
     print(f"true global gradient norm     = {result['true']:.6f}")
     print(f"norm of rank 0's grads only   = {result['rank0_grads_only']:.6f}")

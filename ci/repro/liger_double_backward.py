@@ -21,7 +21,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 WORLD, TOKENS, VOCAB, IGNORE = 2, 24, 32, -100
 
@@ -34,10 +36,9 @@ def inputs():
     return logits, target, upstream
 
 
-def worker(rank, port, queue):
+def worker(rank, result):
     from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     logits, target, upstream = inputs()
     local_vocab = VOCAB // WORLD
     local = logits[:, rank * local_vocab:(rank + 1) * local_vocab].contiguous().requires_grad_(True)
@@ -47,24 +48,11 @@ def worker(rank, port, queue):
     objective.backward(retain_graph=True)
     once = local.grad.clone()
     objective.backward(retain_graph=True)  # second retained-graph backward: autograd accumulates
-    queue.put((rank, once.tolist(), local.grad.tolist()))  # plain lists: no shared memory
-    dist.destroy_process_group()
+    result[rank] = (once.tolist(), local.grad.tolist())  # plain lists: no shared memory
 
 
 def main():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got = {r: (torch.tensor(once), torch.tensor(twice)) for r, once, twice in (queue.get(timeout=300) for _ in procs)}
-    for p in procs:
-        p.join()
+    got = {r: (torch.tensor(once), torch.tensor(twice)) for r, (once, twice) in run_ranks(worker, WORLD).items()}
 
     logits, target, upstream = inputs()
     x = logits.double().requires_grad_(True)

@@ -8,21 +8,21 @@ Run (CPU through Triton's interpreter, about 15 s):  python ci/repro/liger_out_o
 Exit status 1 while Liger accepts the target, 0 once it raises.
 """
 import os
-import socket
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Liger's kernels are defined
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, TOKENS, VOCAB = 2, 8, 32
 
 
-def rank_main(rank, port, result):
+def rank_main(rank, result):
     os.environ["TRITON_INTERPRET"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
 
     logits = torch.randn(TOKENS, VOCAB, generator=torch.Generator().manual_seed(0))
@@ -38,15 +38,10 @@ def rank_main(rank, port, result):
         outcome = f"raised {type(exc).__name__}: {exc}"
     if rank == 0:
         result["liger"] = outcome
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP)
     try:
         torch.nn.functional.cross_entropy(torch.randn(1, VOCAB), torch.tensor([VOCAB]))
         torch_outcome = "no error"

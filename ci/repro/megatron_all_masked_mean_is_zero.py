@@ -15,21 +15,21 @@ Exit status 1 while the two differ, 0 once they agree.
 """
 import inspect
 import math
-import socket
+import os
 import sys
 import warnings
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, TOKENS = 2, 8, 6
 
 
-def rank_main(rank, port, result):
+def rank_main(rank, result):
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
@@ -49,15 +49,10 @@ def rank_main(rank, port, result):
         ignored = torch.full((TOKENS,), -100)
         result["torch"] = float(F.cross_entropy(full.view(TOKENS, VOCAB), ignored, reduction="mean"))
     parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def main() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP)
     reference = result["torch"]
     differ = False
     for rank in range(TP):

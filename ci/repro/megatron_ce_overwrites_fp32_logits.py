@@ -10,20 +10,20 @@ second loss, logging) silently holds probabilities instead. bf16/fp16 logits are
 Run (CPU, gloo, TP=2, about 20 s):  python ci/repro/megatron_ce_overwrites_fp32_logits.py
 Exit status 1 while the fp32 logits are changed by the loss call, 0 once they are left alone.
 """
-import socket
+import os
 import sys
 import warnings
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, TOKENS = 2, 8, 6
 
 
-def rank_main(rank, port, result):
+def rank_main(rank, result):
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -38,15 +38,10 @@ def rank_main(rank, port, result):
         vocab_parallel_cross_entropy(logits, target).sum().backward()
         result[(rank, str(dtype))] = float((logits.detach().float() - before.float()).abs().max())
     parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def main() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP)
     changed = False
     for (rank, dtype), gap in sorted(result.items()):
         print(f"rank {rank} {dtype}: max |logits after the loss - logits before| = {gap:.3e}")

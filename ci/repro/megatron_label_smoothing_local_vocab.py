@@ -14,14 +14,14 @@ NeMo's convention, which also differs from torch's F.cross_entropy(label_smoothi
 Exit status 1 while the TP=2 loss differs from the full-vocabulary formula, 0 once it agrees.
 """
 import os
-import socket
 import sys
 import warnings
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, TOKENS, ALPHA = 2, 8, 6, 0.1
 
@@ -33,9 +33,8 @@ def full_vocab_megatron_formula(logits, target):
     return (1 - smoothing) * nll - smoothing * log_p.mean(-1)
 
 
-def rank_main(rank, port, result):
+def rank_main(rank, result):
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -50,15 +49,10 @@ def rank_main(rank, port, result):
     torch_ls = F.cross_entropy(logits, target, label_smoothing=ALPHA, reduction="none")
     result[rank] = (float((loss.double() - want).abs().max()), float((loss.double() - torch_ls).abs().max()))
     parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def main() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = mp.Manager().dict()
-    mp.spawn(rank_main, args=(port, result), nprocs=TP)
+    result = run_ranks(rank_main, TP)
     bad = False
     for rank in range(TP):
         vs_formula, vs_torch = result[rank]

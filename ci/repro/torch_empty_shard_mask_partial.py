@@ -14,13 +14,13 @@ connection; the embedding's all-reduce is asynchronous, so its peers only hang w
 Exit status 1 while the empty-shard rank raises, 0 once both ops run there.
 """
 import os
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
 
 TP, VOCAB, HIDDEN, TOKENS = 3, 4, 5, 6
 
@@ -34,12 +34,11 @@ def attempt(name, fn, rank, result):
     result[f"{name}@{rank}"] = outcome
 
 
-def rank_main(rank, port, op, result):
+def rank_main(rank, result, op):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import RowwiseParallel, loss_parallel, parallelize_module
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     mesh = DeviceMesh("cpu", list(range(TP)))
     targets = torch.tensor([0, 1, 2, 3, 1, 0])
 
@@ -59,19 +58,12 @@ def rank_main(rank, port, op, result):
     os._exit(0)  # no teardown: a peer may have left the group mid-collective
 
 
-def run(op, result):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(port, op, result), nprocs=TP)
-
-
 if __name__ == "__main__":
     sizes = [len(c) for c in torch.arange(VOCAB).chunk(TP)] + [0] * (TP - len(torch.arange(VOCAB).chunk(TP)))
     print(f"vocab {VOCAB} over {TP} ranks, torch.chunk split: {sizes}")
-    result = mp.Manager().dict()
+    result = {}
     for op in ("loss_parallel", "embedding"):
-        run(op, result)
+        result.update(run_ranks(rank_main, TP, op))
     logits = torch.randn(TOKENS, VOCAB)
     F.cross_entropy(logits, torch.tensor([0, 1, 2, 3, 1, 0]))
     torch.nn.Embedding(VOCAB, HIDDEN)(torch.tensor([0, 1, 2, 3]))

@@ -15,22 +15,22 @@ with torch 2.11 (results/h200-dtensor/), reproduced here with the installed torc
 Run (CPU, gloo, one process, a few seconds):  python ci/repro/torch_partial_tp_foreach_sgd.py
 Exit status 1 while the foreach step raises on a partly parallelized model, 0 once it trains.
 """
-import socket
+import os
 import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import init_gloo  # noqa: E402
+
 
 def main() -> int:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init_gloo()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))
     plain = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))

@@ -5,8 +5,6 @@ assembled here from the ranks' local blocks; the subject is only asked for what 
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +12,7 @@ import torch
 
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.checks import rounding, stages
+from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
 from parity.checks.tolerances import ROUNDING_SAMPLES, judge_close, sgd_identity_bound
@@ -580,10 +579,9 @@ def compare(subject, values, observations, reference, oracle, collectives=None) 
 # name rules...) share one reference: the reference is a function of the subject's reference_key
 # alone. A bounded LRU keeps the parent's memory flat over long runs; each pair of a tiny model's
 # trajectories is tens of kB.
-REFERENCE_CACHE_SIZE = 256
-_reference_cache: OrderedDict = OrderedDict()
-_reference_lock = threading.Lock()  # parity run -j: jobs judge cases in parallel threads
-reference_cache_stats = {"hits": 0, "misses": 0}
+REFERENCE_CACHE_SIZE = 256  # read at every store: --no-reference-cache sets 0
+_reference_cache = BoundedCache(lambda: REFERENCE_CACHE_SIZE, stats=True)  # locked: parity run -j's threads
+reference_cache_stats = _reference_cache.stats  # {"hits", "misses"}, read by parity run --profile
 # parity run --reference-cache DIR: a ReferenceDisk (parity.checks.reference_disk) behind the LRU,
 # asked on a miss and given what was computed; None: memory only.
 reference_disk = None
@@ -624,12 +622,9 @@ def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
 
     The trajectories are shared between cases: the comparison only reads them."""
     key = subject.reference_key(values)
-    with _reference_lock:
-        if key is not None and key in _reference_cache:
-            _reference_cache.move_to_end(key)
-            reference_cache_stats["hits"] += 1
-            return _reference_cache[key]
-        reference_cache_stats["misses"] += 1
+    pair = _reference_cache.get(key)
+    if pair is not None:
+        return pair
     # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
     # results are the same numbers (the reference is deterministic), so either may be kept.
     disk = reference_disk if key is not None else None
@@ -638,15 +633,10 @@ def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
         pair = subject.reference(values), subject.reference(values, torch.float64)
         if disk:
             disk.save(key, pair)
-    if key is not None:
-        with _reference_lock:
-            _reference_cache[key] = pair
-            if len(_reference_cache) > REFERENCE_CACHE_SIZE:
-                _reference_cache.popitem(last=False)
+    _reference_cache.put(key, pair)
     return pair
 
 
 def clear_reference_cache() -> None:
-    with _reference_lock:
-        _reference_cache.clear()
+    _reference_cache.clear()
     rounding.clear_cache()  # the samples are reruns of those references

@@ -30,12 +30,10 @@ The samples are seeded (sample i uses seed i): the same case gets the same sprea
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parity.checks.bounded_cache import BoundedCache
 from references.trajectory import Trajectory
 
 # The aten ops whose floating result is a rounded value, by name; an in-place variant ("add_", the
@@ -97,25 +95,17 @@ def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Tr
 # Computed only for a small tensor that misses its first bound (tolerances.judge_close), then shared
 # by every check of the case and of cases with the same reference_key, as the references are.
 SPREAD_CACHE_SIZE = 64
-_cache: OrderedDict = OrderedDict()
-_lock = threading.Lock()
+_cache = BoundedCache(lambda: SPREAD_CACHE_SIZE)
 
 
 def cached_sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:
     key = subject.reference_key(values)
-    with _lock:
-        if key is not None and key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    spread = sampled_error(subject, values, oracle, samples)
-    if key is not None:
-        with _lock:
-            _cache[key] = spread
-            if len(_cache) > SPREAD_CACHE_SIZE:
-                _cache.popitem(last=False)
+    spread = _cache.get(key)
+    if spread is None:
+        spread = sampled_error(subject, values, oracle, samples)
+        _cache.put(key, spread)
     return spread
 
 
 def clear_cache() -> None:
-    with _lock:
-        _cache.clear()
+    _cache.clear()

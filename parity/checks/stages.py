@@ -24,12 +24,10 @@ Stages:
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import numpy as np
 import torch
 
+from parity.checks.bounded_cache import BoundedCache
 from references.loss import causal_lm_loss
 from references.trajectory import trainer_objective
 
@@ -37,9 +35,8 @@ from references.trajectory import trainer_objective
 # The stage reference is a pure function of its inputs; `parity sensitivity` judges one case's
 # observations many times with most stage inputs unchanged, so recent results are kept, keyed by the
 # inputs' bytes.
-_CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 64
-_LOCK = threading.Lock()  # parity run -j judges cases in threads
+_CACHE = BoundedCache(lambda: _CACHE_SIZE)  # locked: parity run -j judges cases in threads
 
 
 def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
@@ -58,15 +55,10 @@ def losses_and_head_input_grads(logits: list, labels: list, weights: list | None
            b"".join(t.numpy().tobytes() for t in labels),
            None if weights is None else b"".join(w.tobytes() for w in weights), tuple(num_items), spec,
            train, dtype)
-    with _LOCK:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
-    result = _compute(logits, labels, weights, num_items, spec, train, dtype)
-    with _LOCK:
-        _CACHE[key] = result
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+    result = _CACHE.get(key)
+    if result is None:
+        result = _compute(logits, labels, weights, num_items, spec, train, dtype)
+        _CACHE.put(key, result)
     return result
 
 

@@ -28,6 +28,7 @@ import torch
 
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.plain_sgd import PlainSGD
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
@@ -83,11 +84,7 @@ class DirectHead(Subject):
         params = dict(model.named_parameters())
         for name, p in params.items():
             obs.record("weight", -1, None, name, p)
-        low_precision = dtype in (torch.bfloat16, torch.float16)
-        if low_precision:
-            master = {name: p.detach().float().clone() for name, p in params.items()}
-        else:
-            optimizer = torch.optim.SGD(list(params.values()), lr=train.lr)
+        optimizer = PlainSGD(params, dtype, train.lr)
         captured: dict = {}
         capture_head_input_and_grad(model, captured)
         backend_log: list = []
@@ -111,13 +108,7 @@ class DirectHead(Subject):
                          for name, p in params.items()}
                 for name, g in grads.items():
                     obs.record("grad", step, None, name, g)
-                with torch.no_grad():
-                    if low_precision:
-                        for name, p in params.items():
-                            master[name].sub_(train.lr * grads[name])
-                            p.copy_(master[name].to(p.dtype))
-                    else:
-                        optimizer.step()
+                optimizer.step(grads)
                 for name, p in params.items():
                     obs.record("weight", step, None, name, p)
         if ds_loss:

@@ -31,6 +31,7 @@ from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.plain_sgd import PlainSGD
 from references.trajectory import step_num_items, trainer_objective
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
@@ -148,11 +149,7 @@ class TorchTPHead(Subject):
         params = dict(model.named_parameters())
         for name, p in params.items():
             obs.record("weight", -1, None, name, _local(p))
-        low_precision = dtype in (torch.bfloat16, torch.float16)
-        if low_precision:
-            master = {name: p.detach().float().clone() for name, p in params.items()}
-        else:
-            optimizer = torch.optim.SGD(list(params.values()), lr=train.lr)
+        optimizer = PlainSGD(params, dtype, train.lr)
         for step in range(train.steps):
             model.zero_grad(set_to_none=True)
             batches = [{k: t.to(ctx.device) for k, t in b.items()}
@@ -173,13 +170,7 @@ class TorchTPHead(Subject):
                 name: str(getattr(p.grad, "placements", None)) for name, p in params.items()}
             for name, g in grads.items():
                 obs.record("grad", step, None, name, _local(g))
-            with torch.no_grad():
-                if low_precision:
-                    for name, p in params.items():
-                        master[name].sub_(train.lr * grads[name])
-                        p.copy_(master[name].to(p.dtype))
-                else:
-                    optimizer.step()
+            optimizer.step(grads)
             for name, p in params.items():
                 obs.record("weight", step, None, name, _local(p))
         return obs

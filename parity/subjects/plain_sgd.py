@@ -1,0 +1,36 @@
+"""The plain-SGD update of the subjects that train with no engine (torch_tp.py, megatron_tp.py,
+deepspeed_direct.py), as a user of those layers would write it. The reference's own update is
+references/sgd.py, kept apart: subjects do not run the reference's code.
+
+- fp32: ``torch.optim.SGD(params, lr)``, stepping from ``p.grad`` as autograd left it (on DTensor
+  parameters, torch_tp.py, SGD's own update redistributes a gradient of another placement).
+- bf16/fp16: a float32 master copy per parameter, taken when the optimizer is made;
+  ``master -= lr * grad`` with the float32 gradient the subject recorded, then cast back into the
+  parameter (as DeepSpeed's bf16 optimizer and the HF Trainer's mixed precision do).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PlainSGD:
+    def __init__(self, params: dict[str, torch.nn.Parameter], dtype: torch.dtype, lr: float):
+        self.params = params
+        self.lr = lr
+        self.master = None
+        self.optimizer = None
+        if dtype in (torch.bfloat16, torch.float16):
+            self.master = {name: p.detach().float().clone() for name, p in params.items()}
+        else:
+            self.optimizer = torch.optim.SGD(list(params.values()), lr=lr)
+
+    def step(self, grads: dict[str, torch.Tensor]) -> None:
+        """One update. ``grads`` (name -> the float32 step gradient, zeros where p.grad is None) is
+        what the master copies step by; torch.optim.SGD reads p.grad itself."""
+        with torch.no_grad():
+            if self.master is not None:
+                for name, p in self.params.items():
+                    self.master[name].sub_(self.lr * grads[name])
+                    p.copy_(self.master[name].to(p.dtype))
+            else:
+                self.optimizer.step()
