@@ -21,6 +21,7 @@ its exit code, and is replaced; nothing waits on it.
 """
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -33,6 +34,9 @@ from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
 
+# How far down the queue a free slot looks for a batch that fits (far enough to pass a few large
+# batches, near enough that verdicts still come back roughly in order).
+LOOKAHEAD = 64
 # Seconds a job gets to leave after being told to (it closes its rank groups first).
 JOB_CLOSE_S = 20.0
 
@@ -131,6 +135,7 @@ class JobProcesses:
         self.results = self.ctx.Queue()
         self.pool: list[_Job] = []
         self.started = 0
+        self.head_passed = 0  # batches sent ahead of the first in line since it became first
 
     def _start(self, cases) -> None:
         from parity.observe import capabilities
@@ -160,19 +165,29 @@ class JobProcesses:
                 following += 1
 
     def _dispatch(self, pending: deque, done: dict) -> None:
+        """Send batches to idle jobs while the cores have room. The first batch that fits goes,
+        not only the first in line: a batch of 8 ranks at the head must not keep every 2-rank batch
+        behind it waiting while 14 cores idle (measured on 16 cores: 3.9 of 8 jobs busy on average).
+        A batch that does not fit waits until enough ranks are free, or until nothing runs."""
         self._replace_dead(done)
         while pending:
             idle = [job for job in self.pool if job.idle]
             if not idle:
                 return
-            batch = pending[0]
-            world, device = batch[0][1].world_size, batch[0][1].values.get("device", "cpu")
             busy = sum(job.ranks for job in self.pool)
-            if busy and busy + world > self.cores:
+            # Once the head was passed LOOKAHEAD times the others wait for it, so a large batch is
+            # not starved (and the verdicts behind it are not held back) until the very end.
+            window = 1 if self.head_passed >= LOOKAHEAD else LOOKAHEAD
+            fits = next((i for i, batch in enumerate(itertools.islice(pending, window))
+                         if not busy or busy + batch[0][1].world_size <= self.cores), None)
+            if fits is None:
                 return
+            self.head_passed = self.head_passed + 1 if fits else 0
+            batch = pending[fits]
+            del pending[fits]
+            world, device = batch[0][1].world_size, batch[0][1].values.get("device", "cpu")
             warm = [job for job in idle if (world, device) in job.live]
             job = (warm or sorted(idle, key=lambda j: sum(len(p) for p in j.live.values())))[0]
-            pending.popleft()
             job.batch = {index: case for index, case in batch}
             job.ranks = world
             job.live.setdefault((world, device), [])  # warm by the time the next such batch comes

@@ -103,3 +103,33 @@ def test_a_dead_job_fails_the_cases_it_held_and_the_run_goes_on():
         assert [v.status for v in after] == ["passed", "passed"]
     finally:
         jobs.close()
+
+
+def test_dispatch_passes_a_batch_that_does_not_fit_but_not_for_ever():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from parity.harness import job_processes
+    from parity.harness.job_processes import JobProcesses
+
+    def batch(world):
+        return [(0, SimpleNamespace(world_size=world, values={"device": "cpu"}))]
+
+    class Job(SimpleNamespace):
+        idle = property(lambda self: not self.batch)
+
+    def stub_jobs(n, busy_ranks):
+        jobs = JobProcesses.__new__(JobProcesses)
+        jobs.cores, jobs.head_passed, jobs._replace_dead = 4, 0, lambda done: None
+        jobs.pool = [Job(batch={}, ranks=0, live={}, tasks=SimpleNamespace(put=lambda b: None)) for _ in range(n)]
+        jobs.pool[0].batch, jobs.pool[0].ranks = {9: None}, busy_ranks
+        return jobs
+
+    jobs, pending = stub_jobs(3, 2), deque([batch(4), batch(2), batch(2)])
+    jobs._dispatch(pending, {})
+    assert [b[0][1].world_size for b in pending] == [4, 2]  # one 2-rank batch went past the 4
+    jobs = stub_jobs(3, 2)
+    jobs.head_passed = job_processes.LOOKAHEAD
+    pending = deque([batch(4), batch(2)])
+    jobs._dispatch(pending, {})
+    assert len(pending) == 2  # passed often enough: the rest wait for it
