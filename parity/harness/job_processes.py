@@ -151,6 +151,8 @@ class JobProcesses:
         """Yield every case's verdict, in the cases' order."""
         if any(not job.idle for job in self.pool):
             raise RuntimeError("run_all: the previous run_all was not finished")
+        if not cases:
+            return
         self._start(cases)
         pending = deque(batches(cases))
         done: dict = {}

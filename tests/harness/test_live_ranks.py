@@ -40,5 +40,8 @@ def test_a_group_larger_than_the_limit_runs_alone(monkeypatch):
 
 def test_jobs_inherit_the_limit():
     runner = Runner(max_live_ranks=5)
-    list(runner.run_all([], jobs=3))
-    assert [w.max_live_ranks for w in runner.workers] == [5, 5]
+    try:
+        list(runner.run_all([], jobs=3))
+        assert runner.job_processes.settings["runner"]["max_live_ranks"] == 5
+    finally:
+        runner.close()
