@@ -60,8 +60,18 @@ probability 0.2^8 ~ 3e-6, so the estimate is not itself a lucky one. Only for a 
 its first bound, and only below ELEMENTWISE_MIN_SIZE: the samples can only widen a bound, so a
 tensor that passes has the same verdict whether they were taken or not (its ratio is reported
 against the first bound), each sample costs one reference run under a Python dispatch mode
-(seconds), and a tensor of 32 elements or more keeps exactly the bounds above, whose max of many
-elements' errors is a stable estimate.
+(seconds). A tensor of 32 elements or more keeps its max and element-wise bounds, whose max of many
+elements' errors is a stable estimate; its RMS bound gets the samples in the same way: when it misses
+RMS_SLACK x rms(ref - oracle) by at most RMS_SAMPLED_REACH, the samples' RMS error is taken, and where it exceeds both the
+reference's and FLOOR_ULPS units of rms(oracle) (the premise of the RMS, many independent roundings
+each relative to its own value, is then disproved: the entries inherit the errors of a few cancelling
+sums), the bound is RMS_SLACK x the samples' RMS + the same floor. Found by `parity explore` at vocab 2
+(the q_proj/k_proj weight gradients of the HF tp_plan subjects, 512 entries from a 2-row head's input
+gradient: the reference's RMS error varied 2.5x between steps, the subject's was up to 3.2x it) and on
+the H200 host's Xeon at vocab 34 (1.09x; not re-run there). Measured at vocab 2 (hf_plan_row, step 2):
+the reference's RMS error 8 units of rms(oracle), the samples' 52, the subject's 2.15x the reference's
+(now 0.37 of its bound, the element criterion the worst); a rounding of the values themselves is about one unit. A bf16 tensor that does not cancel has samples near one unit, so
+the gate keeps its RMS bound, and the detection thresholds measured on it, as they were.
 
 u is the unit roundoff of the *floor dtype*: the least precise rounding on the path from the
 reference's exact inputs to that tensor (references.trajectory.Trajectory.floor_dtypes): the case
@@ -96,6 +106,10 @@ FLOOR_ULPS = 16.0
 # RMS to estimate an error's size: the max criterion alone judges it (a scalar loss).
 ELEMENTWISE_MIN_SIZE = 32
 RMS_SLACK = 2.0
+# A tensor whose RMS misses its bound by more than this factor is not sampled (each sampling is 8
+# reference reruns, seconds): the misses the samples explain were 1.09-1.6x (see above), and a miss
+# beyond 4x is a failure whatever they would say.
+RMS_SAMPLED_REACH = 4.0
 RMS_FLOOR_ULPS = 1.0
 ELEMENT_SLACK = 16.0
 ELEMENT_FLOOR_ULPS = 4.0
@@ -179,7 +193,18 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     if got.size >= ELEMENTWISE_MIN_SIZE:
         rms_err, rms_scale = _rms(ref_err), _rms(oracle)
         rms_bound = RMS_SLACK * rms_err + RMS_FLOOR_ULPS * u * rms_scale
-        results.append(Judgement(_rms(diff) <= rms_bound, "rms", _rms(diff), rms_bound))
+        rms_judged = Judgement(_rms(diff) <= rms_bound, "rms", _rms(diff), rms_bound)
+        if (not rms_judged.passed and sampled_error is not None
+                and rms_judged.measured <= RMS_SAMPLED_REACH * rms_bound):
+            errors = sampled_error()
+            sampled = _rms(errors) if errors is not None and errors.shape == oracle.shape else 0.0
+            # Only where the samples disprove the RMS's premise, many independent roundings relative
+            # to the values: a correct run's typical error beyond FLOOR_ULPS units of the values' RMS
+            # is made of a few cancelling sums' errors, inherited by every entry (see above).
+            if sampled > max(rms_err, FLOOR_ULPS * u * rms_scale):
+                rms_bound = RMS_SLACK * sampled + RMS_FLOOR_ULPS * u * rms_scale
+                rms_judged = Judgement(_rms(diff) <= rms_bound, "sampled rms", _rms(diff), rms_bound)
+        results.append(rms_judged)
         element_bound = ELEMENT_SLACK * (ref_err + rms_err) + ELEMENT_FLOOR_ULPS * u * scale
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(element_bound > 0, diff / element_bound, np.where(diff > 0, np.inf, 0.0))
