@@ -130,11 +130,11 @@ def cmd_run(args) -> int:
 def run_cases(args, cases, strict: bool) -> int:
     from parity.checks import compare
     from parity.checks.verdict import FAILED
-    from parity.harness.runner import Runner, default_jobs
+    from parity.harness.job_processes import job_runner
+    from parity.harness.runner import default_jobs
     from parity.report.console import Progress, summary_table, write_report
 
-    runner = Runner(timeout_s=args.timeout, strict=strict, log_dir=args.logs,
-                    overlap_reference=not args.no_reference_cache)
+    jobs = args.jobs or default_jobs(cases)
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
         compare.REFERENCE_CACHE_SIZE = 0
     gathered = None
@@ -149,7 +149,9 @@ def run_cases(args, cases, strict: bool) -> int:
         gatherer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-environment")
         gathered = gatherer.submit(gather_environment)
         gatherer.shutdown(wait=False)
-    jobs = args.jobs or default_jobs(cases)
+    # After the baseline's cache size is set: job processes take it with them.
+    runner = job_runner(jobs, timeout_s=args.timeout, strict=strict, log_dir=args.logs,
+                        overlap_reference=not args.no_reference_cache)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (f", {args.passes} passes" if args.passes > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)

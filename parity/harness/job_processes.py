@@ -33,12 +33,19 @@ import traceback
 from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
+from parity.harness.runner import Runner
 
 # How far down the queue a free slot looks for a batch that fits (far enough to pass a few large
 # batches, near enough that verdicts still come back roughly in order).
 LOOKAHEAD = 64
 # Seconds a job gets to leave after being told to (it closes its rank groups first).
 JOB_CLOSE_S = 20.0
+
+
+def job_runner(jobs: int, **settings):
+    """What runs the cases: one Runner in this process for jobs <= 1, else JobProcesses of that
+    many. Both answer run_all, rank_pids, reference_cache_stats and close."""
+    return Runner(**settings) if jobs <= 1 else JobProcesses(jobs, settings)
 
 
 def batches(cases) -> list[list[tuple[int, object]]]:
@@ -69,7 +76,6 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
     import torch
 
     from parity.checks import compare
-    from parity.harness.runner import Runner
     from parity.mutation.catalog import apply_from_env
     from parity.observe import capabilities
 
@@ -147,8 +153,9 @@ class JobProcesses:
             self.pool.append(_Job(self.started, self.ctx, self.settings, self.results))
             self.started += 1
 
-    def run_all(self, cases):
-        """Yield every case's verdict, in the cases' order."""
+    def run_all(self, cases, jobs: int | None = None):
+        """Yield every case's verdict, in the cases' order (jobs: as Runner.run_all takes it; the
+        number of jobs is this object's)."""
         if any(not job.idle for job in self.pool):
             raise RuntimeError("run_all: the previous run_all was not finished")
         if not cases:

@@ -60,7 +60,6 @@ class Runner:
         # (parity run --no-reference-cache, the benchmark's baseline).
         self.overlap_reference = overlap_reference
         self.pools: dict = {}
-        self.job_processes = None  # run_all's jobs (parity/harness/job_processes.py), kept across calls
         # One thread computes the next case's reference while the ranks run it (Runner._run).
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
 
@@ -82,9 +81,6 @@ class Runner:
 
     def close(self, force: bool = False) -> None:
         """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
-        if self.job_processes is not None:
-            self.job_processes.close(force=force)
-            self.job_processes = None
         for p in self.pools.values():
             p.close(force=force)
         self.pools.clear()
@@ -96,17 +92,12 @@ class Runner:
         found: dict = {}
         for key, pool in self.pools.items():
             found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
-        if self.job_processes is not None:
-            for key, pids in self.job_processes.rank_pids().items():
-                found.setdefault(key, []).extend(pids)
         return found
 
     def reference_cache_stats(self) -> dict:
-        """Reference cache hits and misses (and the disk copy's), this process's or its jobs' summed."""
+        """Reference cache hits and misses (and the disk copy's)."""
         from parity.checks import compare
 
-        if self.job_processes is not None:
-            return self.job_processes.reference_cache_stats()
         return {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
 
     def run(self, case: Case) -> Verdict:
@@ -117,22 +108,12 @@ class Runner:
         return verdict
 
     def run_all(self, cases, jobs: int = 1):
-        """Yield every case's verdict, in the cases' order, running up to ``jobs`` at once: jobs > 1
-        runs them in job processes (parity/harness/job_processes.py), each with its own rank groups,
-        references and comparisons, kept for the next call."""
-        if jobs <= 1:
-            for case in cases:
-                yield self.run(case)
-            return
-        from parity.harness.job_processes import JobProcesses
-
-        if self.job_processes is None or self.job_processes.jobs != jobs:
-            if self.job_processes is not None:
-                self.job_processes.close()
-            self.job_processes = JobProcesses(jobs, {
-                "timeout_s": self.timeout_s, "strict": self.strict, "log_dir": self.log_dir,
-                "overlap_reference": self.overlap_reference, "max_live_ranks": self.max_live_ranks})
-        yield from self.job_processes.run_all(cases)
+        """Yield every case's verdict, in the cases' order, one at a time. Several at once are job
+        processes, each a Runner (parity.harness.job_processes.job_runner)."""
+        if jobs > 1:
+            raise ValueError("Runner runs one case at a time; parity.harness.job_processes.job_runner(jobs) runs more")
+        for case in cases:
+            yield self.run(case)
 
     def _run(self, case: Case, timing: dict) -> Verdict:
         skipped = skip_verdict(case, self.strict)

@@ -6,7 +6,8 @@ import json
 import time
 
 from parity.checks import compare
-from parity.harness.runner import Runner, default_jobs
+from parity.harness.job_processes import job_runner
+from parity.harness.runner import default_jobs
 from parity.matrix.cases import load
 from parity.report.records import result_lines
 
@@ -29,7 +30,7 @@ def _results(cases, jobs, baseline=False, monkeypatch=None):
     compare.clear_reference_cache()  # each run computes its own references, as a fresh process would
     if baseline:
         monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)
-    runner = Runner(timeout_s=120, overlap_reference=not baseline)
+    runner = job_runner(jobs, timeout_s=120, overlap_reference=not baseline)
     try:
         verdicts = list(runner.run_all(cases, jobs))
     finally:

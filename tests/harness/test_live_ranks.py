@@ -39,9 +39,7 @@ def test_a_group_larger_than_the_limit_runs_alone(monkeypatch):
 
 
 def test_jobs_inherit_the_limit():
-    runner = Runner(max_live_ranks=5)
-    try:
-        list(runner.run_all([], jobs=3))
-        assert runner.job_processes.settings["runner"]["max_live_ranks"] == 5
-    finally:
-        runner.close()
+    from parity.harness.job_processes import job_runner
+
+    jobs = job_runner(3, max_live_ranks=5)
+    assert jobs.jobs == 3 and jobs.settings["runner"]["max_live_ranks"] == 5
