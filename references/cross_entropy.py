@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from references.loss import token_losses
+from references.seeding import exact_inputs
 from references.trajectory import Trajectory
 
 CE_REDUCTIONS = ("none", "sum", "mean")
@@ -31,16 +32,18 @@ def _targets_and_upstream(gen: torch.Generator, tokens: int, vocab: int, ignore:
 
 
 def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
-    gen = torch.Generator().manual_seed(seed)
-    logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
-    targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
+    with exact_inputs():
+        gen = torch.Generator().manual_seed(seed)
+        logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
+        targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
     return logits, targets, upstream
 
 
 def hvp_direction(seed: int, tokens: int, vocab: int) -> torch.Tensor:
     """The fixed direction v of the second-order check: d/dlogits sum(g * v), g the logits gradient."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    return torch.randn(tokens, vocab, generator=gen)
+    with exact_inputs():
+        gen = torch.Generator().manual_seed(seed + 1)
+        return torch.randn(tokens, vocab, generator=gen)
 
 
 def reduce_losses(losses: torch.Tensor, targets: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
@@ -97,11 +100,12 @@ def linear_ce_inputs(seed: int, tokens: int, vocab: int, hidden: int, bias: bool
     """hidden [N, H], the full head weight [V, H], its bias [V] (or None), targets [N], upstream [N].
 
     Drawn in float32 and cast to ``dtype`` once, so the float64 oracle starts from the same values."""
-    gen = torch.Generator().manual_seed(seed)
-    h = torch.randn(tokens, hidden, generator=gen).to(dtype)
-    w = (2.0 / hidden ** 0.5 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
-    b = (0.5 * torch.randn(vocab, generator=gen)).to(dtype)
-    targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
+    with exact_inputs():
+        gen = torch.Generator().manual_seed(seed)
+        h = torch.randn(tokens, hidden, generator=gen).to(dtype)
+        w = (2.0 / hidden ** 0.5 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
+        b = (0.5 * torch.randn(vocab, generator=gen)).to(dtype)
+        targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
     return h, w, (b if bias else None), targets, upstream
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from references.data import make_batch
-from references.seeding import seeded
+from references.seeding import exact_inputs, seeded
 from references.sgd import SGD
 from references.trajectory import TrainingSpec, Trajectory
 
@@ -30,8 +30,9 @@ def build_embedding(vocab: int, hidden: int, padding_idx: int | None, seed: int,
 def lookup_batch(train: TrainingSpec, step: int, micro: int, vocab: int, hidden: int) -> tuple:
     ids = make_batch(train.seed, step, micro, 0, batch=train.batch, seq=train.seq, vocab=vocab,
                      ignore="none")["input_ids"]
-    gen = torch.Generator().manual_seed((train.seed * 7919 + step * 131 + micro) % (2**31))
-    target = torch.rand((train.batch, train.seq, hidden), generator=gen, dtype=torch.float64) * 2 - 1
+    with exact_inputs():
+        gen = torch.Generator().manual_seed((train.seed * 7919 + step * 131 + micro) % (2**31))
+        target = torch.rand((train.batch, train.seq, hidden), generator=gen, dtype=torch.float64) * 2 - 1
     return ids, target
 
 

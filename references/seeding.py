@@ -14,11 +14,32 @@ import threading
 import torch
 
 _GLOBAL_GENERATOR = threading.Lock()
+_making = threading.local()
+
+
+@contextlib.contextmanager
+def exact_inputs():
+    """Marks the making of a reference's inputs: initial weights, logits, hidden states, targets.
+
+    A subject receives these values exactly (the suite hands it the same draws, cast to the case
+    dtype once), so their own rounding is not an error a correct subject can make. Whoever reruns a
+    reference with other roundings (parity's rounding samples) leaves what is made in here alone."""
+    _making.depth = getattr(_making, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _making.depth -= 1
+
+
+def making_inputs() -> bool:
+    """True inside exact_inputs() on this thread."""
+    return getattr(_making, "depth", 0) > 0
 
 
 @contextlib.contextmanager
 def seeded(seed: int):
-    with _GLOBAL_GENERATOR:
+    """A model built in here draws its initial weights from ``seed`` (and they are exact inputs)."""
+    with _GLOBAL_GENERATOR, exact_inputs():
         state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:

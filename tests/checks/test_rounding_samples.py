@@ -146,3 +146,21 @@ def test_a_comparison_takes_the_samples_once():
         rounding.sampled_error = original
         rounding.clear_cache()
     assert len(calls) == 1 and first.shape == again.shape == (34,)
+
+
+def test_the_samples_leave_a_references_exact_inputs_alone():
+    """The subject receives the reference's inputs exactly (a float32 draw cast to bf16 once): a
+    rerun that moved that cast would sample an error no correct subject can make. Found by the
+    mutation check: DeepSpeed's CE with its exp-sums all-reduced in bf16 survived on ds_vocab_ce,
+    whose loss bound the samples had widened to the bf16 rounding of the input logits."""
+    from references.cross_entropy import ce_inputs
+    from references.seeding import exact_inputs
+
+    with rounding.RoundingNoise(0):
+        logits, _, _ = ce_inputs(3, 6, 35, "scattered", torch.bfloat16)
+        with exact_inputs():
+            made = torch.full((4,), 1 / 3, dtype=torch.float32) * 3
+        moved = torch.full((64,), 1 / 3, dtype=torch.float32) * 3
+    assert torch.equal(logits, ce_inputs(3, 6, 35, "scattered", torch.bfloat16)[0])
+    assert torch.equal(made, torch.full((4,), 1 / 3, dtype=torch.float32) * 3)
+    assert not torch.equal(moved, torch.full((64,), 1 / 3, dtype=torch.float32) * 3)  # the rest is sampled
