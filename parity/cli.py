@@ -168,9 +168,13 @@ def run_cases(args, cases, strict: bool) -> int:
                 print(rss_line(number, wall, runner.rank_pids()), flush=True)
             if interrupted:
                 break
-    finally:
-        cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
-        runner.close(force=interrupted)
+    except BaseException:
+        # A second Ctrl-C while the first one's partial results were gathered (or any error): the
+        # ranks and jobs are killed now, not waited for while they finish their batches.
+        runner.close(force=True)
+        raise
+    cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
+    runner.close(force=interrupted)
     # The summary, report and profile are the last pass's (each pass runs the same cases).
     print(summary_table(verdicts, wall, not_run))
     report_timing = {} if args.profile else None

@@ -71,7 +71,13 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
     """The body of one job process: run the batches it is sent, one verdict per case, until None."""
     # SIGTERM (the parent closing in a hurry) must still close this job's rank groups: they are
     # its children and would otherwise wait on their task queues for ever.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stopped = []
+
+    def stop(*_):
+        stopped.append(True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     import torch
 
@@ -106,7 +112,7 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
                          **(compare.reference_disk.stats if compare.reference_disk else {})}
                 results.put((job_id, index, payload, stats, runner.rank_pids()))
     finally:
-        runner.close()
+        runner.close(force=bool(stopped))  # told to stop: its ranks may be mid-case, kill them
 
 
 class _Job:

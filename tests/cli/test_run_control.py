@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FAULTY = "tests/cases/faulty.toml"
 PASSES = "faulty_always_rejects-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
@@ -39,9 +41,11 @@ def test_exitfirst_then_rerun_failed(tmp_path):
     assert [c["id"] for c in json.loads((tmp_path / "b/summary.json").read_text())["cases"]] == [FAILS]
 
 
-def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])  # one Runner here, or job processes holding the cases
+def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path, jobs):
     proc = subprocess.Popen([sys.executable, "-m", "parity.cli", "run", "--matrix", FAULTY, "--case", PASSES,
-                             "--case", HANGS, "--case", FAILS, "--timeout", "200", "--report", str(tmp_path)],
+                             "--case", HANGS, "--case", FAILS, "--timeout", "200", "--report", str(tmp_path),
+                             "-j", jobs],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 200
