@@ -159,7 +159,7 @@ def run_cases(args, cases, strict: bool) -> int:
     try:
         for number in range(1, args.passes + 1):
             start = time.monotonic()
-            verdicts, not_run, interrupted = run_pass(args, runner, cases, jobs, Progress(len(cases)))
+            verdicts, not_run, interrupted = run_pass(args, runner, cases, Progress(len(cases)))
             wall = time.monotonic() - start
             any_failed |= any(v.status == FAILED for v in verdicts)
             if args.passes > 1 and not interrupted:
@@ -200,13 +200,13 @@ def run_cases(args, cases, strict: bool) -> int:
     return 1 if any_failed else 0
 
 
-def run_pass(args, runner, cases, jobs: int, progress) -> tuple[list, list, bool]:
+def run_pass(args, runner, cases, progress) -> tuple[list, list, bool]:
     """Every selected case once: (verdicts, cases not run with why, interrupted by Ctrl-C)."""
     from parity.checks.verdict import FAILED
 
     verdicts, not_run = [], []
     try:
-        for i, verdict in enumerate(runner.run_all(cases, jobs)):
+        for i, verdict in enumerate(runner.run_all(cases)):
             verdicts.append(verdict)
             progress.update(verdict)
             failures = sum(v.status == FAILED for v in verdicts)

@@ -1,7 +1,9 @@
-"""Initial weights drawn from torch's global generator, one model at a time per process.
+"""Initial weights drawn from torch's global generator, one model at a time per process; and the mark
+on what a reference makes as its exact inputs (exact_inputs).
 
-nn.Module constructors draw from the global generator and take none of their own. `parity run -j N`
-computes references in N threads of the parent, so two models seeded at once would interleave their
+nn.Module constructors draw from the global generator and take none of their own. A reference may be
+computed in a thread beside another that builds a model (the Runner's reference thread; `parity run
+-j N` once ran N such threads in one process), and two models seeded at once would interleave their
 draws and get weights that depend on timing (seen on the 16-core H200 host: initial_weight failures
 that moved from run to run). The lock makes a seeded construction atomic with respect to every other
 seeded construction; the generator's state is restored afterwards so callers see no side effect.

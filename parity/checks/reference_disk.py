@@ -49,7 +49,7 @@ class ReferenceDisk:
                                f"references {source_fingerprint(references_dir or Path(references.__file__).parent)}",
                                f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}"])
         self.stats = {"disk_hits": 0, "disk_writes": 0, "disk_unreadable": 0}
-        self._lock = threading.Lock()  # parity run -j: jobs look up and store in parallel threads
+        self._lock = threading.Lock()  # a Runner's reference thread and its caller's may both use it
 
     def _count(self, name: str) -> None:
         with self._lock:

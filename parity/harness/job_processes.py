@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import os
 import pickle
 import queue
 import signal
@@ -33,7 +32,7 @@ import traceback
 from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
-from parity.harness.runner import Runner
+from parity.harness.runner import Runner, available_cores
 
 # How far down the queue a free slot looks for a batch that fits (far enough to pass a few large
 # batches, near enough that verdicts still come back roughly in order).
@@ -108,9 +107,7 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
                                                    reason=f"harness error: the verdict could not be sent "
                                                           f"back:\n{traceback.format_exc()}"))
                 # With every verdict, what the job holds now: its cache's counts, its live ranks.
-                stats = {**compare.reference_cache_stats,
-                         **(compare.reference_disk.stats if compare.reference_disk else {})}
-                results.put((job_id, index, payload, stats, runner.rank_pids()))
+                results.put((job_id, index, payload, runner.reference_cache_stats(), runner.rank_pids()))
     finally:
         runner.close(force=bool(stopped))  # told to stop: its ranks may be mid-case, kill them
 
@@ -139,7 +136,7 @@ class JobProcesses:
         from parity.checks import compare
 
         self.jobs = jobs
-        self.cores = cores or _cores()
+        self.cores = cores or available_cores()
         self.settings = {"runner": runner_settings, "capabilities": {},
                          "reference_cache_size": compare.REFERENCE_CACHE_SIZE,
                          "reference_disk": str(compare.reference_disk.directory) if compare.reference_disk else None}
@@ -159,9 +156,8 @@ class JobProcesses:
             self.pool.append(_Job(self.started, self.ctx, self.settings, self.results))
             self.started += 1
 
-    def run_all(self, cases, jobs: int | None = None):
-        """Yield every case's verdict, in the cases' order (jobs: as Runner.run_all takes it; the
-        number of jobs is this object's)."""
+    def run_all(self, cases):
+        """Yield every case's verdict, in the cases' order."""
         if any(not job.idle for job in self.pool):
             raise RuntimeError("run_all: the previous run_all was not finished")
         if not cases:
@@ -202,7 +198,7 @@ class JobProcesses:
             del pending[fits]
             world, device = batch[0][1].world_size, batch[0][1].values.get("device", "cpu")
             warm = [job for job in idle if (world, device) in job.live]
-            job = (warm or sorted(idle, key=lambda j: sum(len(p) for p in j.live.values())))[0]
+            job = warm[0] if warm else min(idle, key=lambda j: sum(len(p) for p in j.live.values()))
             job.batch = {index: case for index, case in batch}
             job.ranks = world
             job.live.setdefault((world, device), [])  # warm by the time the next such batch comes
@@ -212,8 +208,7 @@ class JobProcesses:
         try:
             message = self.results.get(timeout=0.5)
         except queue.Empty:
-            self._replace_dead(done)
-            return
+            return  # the next _dispatch replaces a job that died
         job_id, index, payload, stats, live = message
         job = next((j for j in self.pool if j.id == job_id), None)
         if job is None:  # a replaced job's last words
@@ -266,6 +261,3 @@ class JobProcesses:
                 job.proc.join(timeout=5)
         self.pool.clear()
 
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

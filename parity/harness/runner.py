@@ -30,18 +30,18 @@ DEFAULT_MAX_LIVE_RANKS = 12
 JOB_MEMORY_BYTES = 6 << 30
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_jobs(cases) -> int:
     """As many job processes as the cores can feed, at the selection's smallest world size (the
     dispatcher still keeps the busy ranks within the cores), and as the available memory holds."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    smallest = min((c.world_size for c in cases), default=1)
-    jobs = cores // max(1, smallest)
-    try:
-        import psutil
+    import psutil
 
-        jobs = min(jobs, psutil.virtual_memory().available // JOB_MEMORY_BYTES)
-    except ImportError:
-        pass
+    smallest = min((c.world_size for c in cases), default=1)
+    jobs = min(available_cores() // max(1, smallest), psutil.virtual_memory().available // JOB_MEMORY_BYTES)
     return max(1, int(jobs))
 
 
@@ -88,7 +88,7 @@ class Runner:
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
 
     def rank_pids(self) -> dict:
-        """(world size, device) -> the pids of this runner's live rank groups, its jobs' included."""
+        """(world size, device) -> the pids of this runner's live rank groups."""
         found: dict = {}
         for key, pool in self.pools.items():
             found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
@@ -107,11 +107,9 @@ class Runner:
         verdict.timing = close_case(timing, verdict.seconds)
         return verdict
 
-    def run_all(self, cases, jobs: int = 1):
+    def run_all(self, cases):
         """Yield every case's verdict, in the cases' order, one at a time. Several at once are job
         processes, each a Runner (parity.harness.job_processes.job_runner)."""
-        if jobs > 1:
-            raise ValueError("Runner runs one case at a time; parity.harness.job_processes.job_runner(jobs) runs more")
         for case in cases:
             yield self.run(case)
 

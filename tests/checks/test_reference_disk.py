@@ -113,7 +113,7 @@ def test_verdicts_and_results_are_the_same_with_and_without_it(tmp_path):
         for directory in (None, tmp_path / "refs", tmp_path / "refs"):  # none, filled, read back
             compare.clear_reference_cache()
             compare.use_reference_disk(directory)
-            verdicts = list(runner.run_all(cases, 1))
+            verdicts = list(runner.run_all(cases))
             runs.append(([(v.case.id, v.status, v.reason) for v in verdicts],
                          [json.dumps(line, default=str) for v in verdicts for line in result_lines(v.as_dict())],
                          compare.reference_disk and dict(compare.reference_disk.stats)))

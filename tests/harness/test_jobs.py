@@ -32,7 +32,7 @@ def _results(cases, jobs, baseline=False, monkeypatch=None):
         monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)
     runner = job_runner(jobs, timeout_s=120, overlap_reference=not baseline)
     try:
-        verdicts = list(runner.run_all(cases, jobs))
+        verdicts = list(runner.run_all(cases))
     finally:
         runner.close()
         monkeypatch and monkeypatch.undo()
@@ -98,6 +98,7 @@ def test_a_dead_job_fails_the_cases_it_held_and_the_run_goes_on():
         os.kill(jobs.pool[0].proc.pid, signal.SIGKILL)  # while it starts its ranks for the case
         deadline = time.monotonic() + 60
         while 0 not in done and time.monotonic() < deadline:
+            jobs._dispatch(deque(), done)  # as run_all does: a dead job is replaced here
             jobs._collect(done)
         assert done[0].status == "failed" and "died with exit code -9" in done[0].reason
         after = list(jobs.run_all(cases))  # a fresh job took its place
