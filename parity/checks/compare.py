@@ -89,7 +89,7 @@ class Comparison:
     def sampled_error(self, kind, step, micro, dp, name, view=None):
         """For close(): a callable giving the rounding samples' error of this record, seen through
         ``view`` (a rank's shard), or None where the reruns have no such record. Lazy: judge_close
-        calls it only for a small tensor that misses its first bound."""
+        calls it only where a tensor misses a bound the samples may widen (parity.checks.tolerances)."""
         def get():
             if self._sampled is None:
                 self._sampled = rounding.cached_sampled_error(self.subject, self.values, self.oracle,

@@ -60,18 +60,22 @@ probability 0.2^8 ~ 3e-6, so the estimate is not itself a lucky one. Only for a 
 its first bound, and only below ELEMENTWISE_MIN_SIZE: the samples can only widen a bound, so a
 tensor that passes has the same verdict whether they were taken or not (its ratio is reported
 against the first bound), each sample costs one reference run under a Python dispatch mode
-(seconds). A tensor of 32 elements or more keeps its max and element-wise bounds, whose max of many
-elements' errors is a stable estimate; its RMS bound gets the samples in the same way: when it misses
-RMS_SLACK x rms(ref - oracle) by at most RMS_SAMPLED_REACH, the samples' RMS error is taken, and where it exceeds both the
-reference's and FLOOR_ULPS units of rms(oracle) (the premise of the RMS, many independent roundings
-each relative to its own value, is then disproved: the entries inherit the errors of a few cancelling
-sums), the bound is RMS_SLACK x the samples' RMS + the same floor. Found by `parity explore` at vocab 2
-(the q_proj/k_proj weight gradients of the HF tp_plan subjects, 512 entries from a 2-row head's input
-gradient: the reference's RMS error varied 2.5x between steps, the subject's was up to 3.2x it) and on
-the H200 host's Xeon at vocab 34 (1.09x; not re-run there). Measured at vocab 2 (hf_plan_row, step 2):
-the reference's RMS error 8 units of rms(oracle), the samples' 52, the subject's 2.15x the reference's
-(now 0.37 of its bound, the element criterion the worst); a rounding of the values themselves is about one unit. A bf16 tensor that does not cancel has samples near one unit, so
-the gate keeps its RMS bound, and the detection thresholds measured on it, as they were.
+(seconds).
+
+A tensor of 32 elements or more keeps its max and element-wise bounds, whose max of many elements'
+errors is a stable estimate; its RMS bound gets the samples in the same way: when it misses
+RMS_SLACK x rms(ref - oracle) by at most RMS_SAMPLED_REACH, the samples' RMS error is taken, and
+where it exceeds both the reference's and FLOOR_ULPS units of rms(oracle) (the premise of the RMS,
+many independent roundings each relative to its own value, is then disproved: the entries inherit
+the errors of a few cancelling sums), the bound is RMS_SLACK x the samples' RMS + the same floor.
+Found by `parity explore` at vocab 2 (the q_proj/k_proj weight gradients of the HF tp_plan subjects,
+512 entries from a 2-row head's input gradient: the reference's RMS error varied 2.5x between steps,
+the subject's was up to 3.2x it) and on the H200 host's Xeon at vocab 34 (1.09x; not re-run there).
+Measured at vocab 2 (hf_plan_row, step 2): the reference's RMS error 8 units of rms(oracle), the
+samples' 52, the subject's 2.15x the reference's (now 0.37 of its bound, the element criterion the
+worst); a rounding of the values themselves is about one unit. A bf16 tensor that does not cancel
+has samples near one unit, so the gate keeps its RMS bound, and the detection thresholds measured on
+it, as they were.
 
 u is the unit roundoff of the *floor dtype*: the least precise rounding on the path from the
 reference's exact inputs to that tensor (references.trajectory.Trajectory.floor_dtypes): the case
@@ -113,7 +117,8 @@ RMS_SAMPLED_REACH = 4.0
 RMS_FLOOR_ULPS = 1.0
 ELEMENT_SLACK = 16.0
 ELEMENT_FLOOR_ULPS = 4.0
-# Reruns of the case-dtype reference with random roundings, for a small tensor that misses its bound (above).
+# Reruns of the case-dtype reference with random roundings, for a small tensor that misses its max
+# bound or a large one whose RMS misses by at most RMS_SAMPLED_REACH (above).
 ROUNDING_SAMPLES = 8
 
 
@@ -171,10 +176,17 @@ def _rms(a: np.ndarray) -> float:
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
 
 
+def _sampled(sampled_error, oracle: np.ndarray, reduce) -> float:
+    """reduce() of the rounding samples' errors at the places of oracle; 0 where they have none."""
+    errors = sampled_error()
+    return float(reduce(errors)) if errors is not None and errors.shape == oracle.shape else 0.0
+
+
 def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtype, sampled_error=None) -> Judgement:
     """Every criterion above for one tensor; passes when all pass. ``floor_dtype``: a name or torch dtype.
     ``sampled_error``: a callable giving the rounding samples' |rerun - oracle| at the places of
-    ``oracle`` (parity/checks/rounding.py), called only for a small tensor that misses its max bound."""
+    ``oracle`` (parity/checks/rounding.py), called only for a small tensor that misses its max bound
+    or a large one whose RMS misses by at most RMS_SAMPLED_REACH."""
     if not got.size:
         return Judgement(True, "max", 0.0, 0.0)
     u = unit_roundoff(floor_dtype)
@@ -183,8 +195,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     bound = parity_bound(floor_dtype, float(ref_err.max()), float(scale.max())).value
     results = [Judgement(float(diff.max()) <= bound, "max", float(diff.max()), bound)]
     if not results[0].passed and got.size < ELEMENTWISE_MIN_SIZE and sampled_error is not None:
-        errors = sampled_error()
-        sampled = float(np.max(errors)) if errors is not None and errors.shape == oracle.shape else 0.0
+        sampled = _sampled(sampled_error, oracle, np.max)
         # Only where the samples disprove the floor's premise (rounding errors within FLOOR_ULPS units
         # of max|oracle|): a cancelling sum, whose terms are larger than any of its results.
         if sampled > max(float(ref_err.max()), FLOOR_ULPS * u * float(scale.max())):
@@ -196,8 +207,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
         rms_judged = Judgement(_rms(diff) <= rms_bound, "rms", _rms(diff), rms_bound)
         if (not rms_judged.passed and sampled_error is not None
                 and rms_judged.measured <= RMS_SAMPLED_REACH * rms_bound):
-            errors = sampled_error()
-            sampled = _rms(errors) if errors is not None and errors.shape == oracle.shape else 0.0
+            sampled = _sampled(sampled_error, oracle, _rms)
             # Only where the samples disprove the RMS's premise, many independent roundings relative
             # to the values: a correct run's typical error beyond FLOOR_ULPS units of the values' RMS
             # is made of a few cancelling sums' errors, inherited by every entry (see above).

@@ -85,7 +85,7 @@ def test_samples_within_the_floor_change_nothing():
     assert not first.passed and (again.passed, again.criterion, again.bound) == (False, "max", first.bound)
 
 
-def test_samples_are_taken_only_for_a_small_tensor_that_misses_its_first_bound():
+def test_samples_are_taken_only_for_a_tensor_that_misses_a_bound():
     def refuse():
         raise AssertionError("sampled without need")
     got, ref, oracle = small_cancelling(0.0)
