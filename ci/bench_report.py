@@ -19,16 +19,17 @@ import time
 
 
 def capture(args) -> int:
-    from parity.harness.runner import Runner, default_jobs
+    from parity.harness.job_processes import job_runner
+    from parity.harness.runner import default_jobs
     from parity.matrix.cases import load, select
 
     cases = select(load(args.matrix), args.k, args.case, args.device)
     if not cases:
         print("bench_report: no cases selected", file=sys.stderr)
         return 2
-    runner = Runner()
+    runner = job_runner(args.jobs or default_jobs(cases))
     try:
-        records = [v.as_dict() for v in runner.run_all(cases, args.jobs or default_jobs(cases))]
+        records = [v.as_dict() for v in runner.run_all(cases)]
     finally:
         runner.close()
     with gzip.open(args.out, "wt") as out:
