@@ -21,10 +21,10 @@ from references.trajectory import TrainingSpec, Trajectory
 
 
 def build_embedding(vocab: int, hidden: int, padding_idx: int | None, seed: int, dtype: torch.dtype) -> nn.Embedding:
-    """Initial table depends only on its arguments: drawn in fp32, then cast."""
+    """Initial table depends only on its arguments: drawn in fp32, then cast, the cast an exact input
+    too (references.tiny_lm.build_model says why)."""
     with seeded(seed):
-        table = nn.Embedding(vocab, hidden, padding_idx=padding_idx)
-    return table.to(dtype)
+        return nn.Embedding(vocab, hidden, padding_idx=padding_idx).to(dtype)
 
 
 def lookup_batch(train: TrainingSpec, step: int, micro: int, vocab: int, hidden: int) -> tuple:

@@ -158,6 +158,24 @@ def master_weight_bound(dtype_name: str, reference_error: float, scale: float, m
     return Bound(value, reference_error, scale)
 
 
+def master_weight_sampled_bound(dtype_name: str, first: Bound, sampled_error: float, movement: float) -> Bound | None:
+    """The master bound with the rounding samples' error as the reference error, or None where the
+    samples do not disprove the movement floor's premise. That premise: the master's error is a few
+    case-dtype units of what it moved by. A master moves by lr x its gradient, and where that gradient
+    is a cancelling sum (a 2-row head's input gradient w0 d0 + w1 d1 with d1 ~ -d0, passed on to every
+    parameter below the head), a correct sharded run, whose bf16 partial products are rounded before
+    the all-reduce, errs relative to the sum's terms, not to the movement; the gradient checks take
+    the samples for it already (judge_close). Found by parity explore: column_gathered bf16, vocab 2,
+    hidden 2, ZeRO 1/2, clip 0.05: proj/embedding masters at 1.4x while their gradients passed
+    (measured at step 0: the subject moved proj.weight[0, 0] by 1.26e-5 where the oracle moved 6.4e-6;
+    the reference's single error was 1e-7). Same gate as the gradients': only where the samples' error
+    exceeds both the reference's and the movement floor (FLOOR_ULPS case-dtype units of the movement);
+    a master kept in bf16 errs by a unit of the weight, hundreds of times the movement, and stays out."""
+    if sampled_error <= max(first.reference_error, FLOOR_ULPS * unit_roundoff(dtype_name) * movement):
+        return None
+    return master_weight_bound(dtype_name, sampled_error, first.scale, movement)
+
+
 @dataclass(frozen=True)
 class Judgement:
     """The worst of the criteria a tensor was held to: the one with the highest measured/bound."""

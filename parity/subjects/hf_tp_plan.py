@@ -67,8 +67,7 @@ def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
                          tie_word_embeddings=values.get("tied", False), initializer_range=INIT_STD,
                          attn_implementation="eager")
     with seeded(seed):
-        model = LlamaForCausalLM(config)
-    return model.to(dtype)
+        return LlamaForCausalLM(config).to(dtype)
 
 
 def capture_lm_head_input_and_grad(model, sink: dict) -> None:
