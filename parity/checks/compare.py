@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from parity.observe.dtypes import DTYPES
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
@@ -328,7 +329,6 @@ class Comparison:
             return
         if ("logits", 0, 0, 0, None) not in self.reference.records:
             return
-        from parity.observe.dtypes import DTYPES
         from references.trajectory import step_num_items
 
         spec = self.subject.model_spec(self.values)
@@ -392,7 +392,6 @@ class Comparison:
         weight (and bias) it ran with, at the case dtype and in float64."""
         if not self.stage_sliceable(weight_name):
             return
-        from parity.observe.dtypes import DTYPES
 
         bias_name = self.head_bias_name(weight_name)
         dim = self.claims.micro_records.get("logits")
@@ -422,7 +421,6 @@ class Comparison:
         data-parallel rank: across several the engine's gradient averaging is a further stage."""
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
-        from parity.observe.dtypes import DTYPES
 
         bias_name = self.head_bias_name(weight_name)
         by_step: dict = {}
@@ -506,7 +504,16 @@ class Comparison:
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
         """A weight must move when the gradient is nonzero and stay put when it is zero. An update
         smaller than half a unit of the weight's dtype (tiny after clipping in bf16) rounds away in
-        the reference at that dtype too; then only 'no movement without gradient' is required."""
+        the reference at that dtype too; then only 'no movement without gradient' is required.
+
+        In bf16/fp16 such an update moves a weight only when its float32 master crosses a rounding
+        midpoint, and on which step that happens is the master's last bits, which two correct runs
+        need not share (parity explore: a one-entry bias shard's master crossed one step before the
+        reference's; both held the same weight after the next step). So a step the reference moved
+        on may be met one step early (an entry the reference moved already holds its new value on
+        the rank) or one step late (moves that way on the next step; on the last step, which has no
+        next, where every entry the reference moved is such a crossing: only_crossings). A weight
+        that never moves meets none of these."""
         moved = bool(np.any(got_w != prev))
         ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                    self.reference)
@@ -516,8 +523,33 @@ class Comparison:
             self.add(f"weight_changed[{name}]", not moved, step=step, rank=rank,
                      detail="weight moved on a step with no gradient")
         elif bool(np.any(ref_now != ref_before)):
-            self.add(f"weight_changed[{name}]", moved, step=step, rank=rank,
-                     detail="optimizer step left the weight unchanged")
+            ref_moved = ref_now != ref_before
+            after = self.obs[rank].get("weight", step + 1, None, name)
+            early = bool(np.any((got_w == ref_now) & ref_moved))
+            direction = np.sign(ref_now - ref_before)
+            late = (after is not None and after.shape == ref_now.shape
+                    and bool(np.any((np.sign(after - got_w) == direction) & ref_moved)))
+            met = moved or early or late or (after is None and self.only_crossings(name, ref_moved, step, rank))
+            self.add(f"weight_changed[{name}]", met, step=step, rank=rank,
+                     detail="" if moved else "optimizer step left the weight unchanged"
+                     + ("; it holds the reference's new value a step early or late (a rounding midpoint)"
+                        if met else ""))
+
+    def only_crossings(self, name, ref_moved, step, rank) -> bool:
+        """bf16/fp16: did every entry the reference moved on this step move by a rounding-midpoint
+        crossing, its float32 master having moved by less than the weight jumped? (fp32 has no master:
+        no.) Only such a move can come a step late in a correct run."""
+        if ("master_weight", step, None, None, name) not in self.reference.records:
+            return False
+
+        def ref(kind, at):
+            if at < 0:
+                kind = "weight"  # the master starts as the initial weight
+            return self._param_view(name, self.reference.get(kind, at, None, None, name).numpy(), rank,
+                                    self.reference)
+        master_step = np.abs(ref("master_weight", step) - ref("master_weight", step - 1))
+        weight_step = np.abs(ref("weight", step) - ref("weight", step - 1))
+        return bool(np.all((master_step < weight_step)[ref_moved]))
 
     def clip_coefficient(self, o, step) -> float:
         """The clipping factor: from the subject's own norm where it reports one, else the oracle's
