@@ -511,9 +511,10 @@ class Comparison:
         need not share (parity explore: a one-entry bias shard's master crossed one step before the
         reference's; both held the same weight after the next step). So a step the reference moved
         on may be met one step early (an entry the reference moved already holds its new value on
-        the rank) or one step late (moves that way on the next step; on the last step, which has no
-        next, where every entry the reference moved is such a crossing: only_crossings). A weight
-        that never moves meets none of these."""
+        the rank) or one step late (moves that way on the next step, to the reference's value after
+        it; on the last step, which has no next, where every entry the reference moved is such a
+        crossing: only_crossings). A weight that never moves, or skipped an update and stays one
+        behind, meets none of these."""
         moved = bool(np.any(got_w != prev))
         ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                    self.reference)
@@ -526,9 +527,14 @@ class Comparison:
             ref_moved = ref_now != ref_before
             after = self.obs[rank].get("weight", step + 1, None, name)
             early = bool(np.any((got_w == ref_now) & ref_moved))
-            direction = np.sign(ref_now - ref_before)
-            late = (after is not None and after.shape == ref_now.shape
-                    and bool(np.any((np.sign(after - got_w) == direction) & ref_moved)))
+            late = False
+            if after is not None and after.shape == ref_now.shape:
+                # moves the reference's way on the next step and catches up with it there: a weight that
+                # skipped this step's update (one update behind from then on) does not
+                ref_next = self._param_view(name, self.reference.get("weight", step + 1, None, None, name).numpy(),
+                                            rank, self.reference)
+                late = bool(np.any((np.sign(after - got_w) == np.sign(ref_now - ref_before)) & (after == ref_next)
+                                   & ref_moved))
             met = moved or early or late or (after is None and self.only_crossings(name, ref_moved, step, rank))
             self.add(f"weight_changed[{name}]", met, step=step, rank=rank,
                      detail="" if moved else "optimizer step left the weight unchanged"

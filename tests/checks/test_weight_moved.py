@@ -1,7 +1,8 @@
 """weight_changed (Comparison.check_weight_moved): where the reference moved a weight, the rank's weight
 must move too, or hold an entry the reference moved at its new value already (a bf16 master crossed its
-rounding midpoint a step early) or move that way on the next step (a step late). Found by parity explore: a one-entry bias shard's
-master crossed one step before the reference's, both right. A weight that never moves still fails."""
+rounding midpoint a step early), or move that way on the next step to the reference's value there (a
+step late). Found by parity explore: a one-entry bias shard's master crossed one step before the
+reference's, both right. A weight that never moves, or skipped an update, still fails."""
 from types import SimpleNamespace
 
 from parity.checks.compare import Comparison, reference_pair
@@ -37,7 +38,11 @@ def test_a_weight_that_moves_as_the_reference_passes():
 
 def test_a_weight_a_step_early_or_late_passes():
     assert judged({1: 2, 2: 2, 3: 3}, 2) == [True]  # already at the reference's step-2 weight
-    assert judged({1: 1, 2: 1, 3: 2}, 2) == [True]  # gets there after step 3
+    assert judged({1: 1, 2: 1, 3: 3}, 2) == [True]  # catches up with the reference at step 3
+
+
+def test_a_skipped_update_fails():
+    assert judged({1: 1, 2: 1, 3: 2}, 2) == [False]  # one update behind from step 2 on
 
 
 def test_a_frozen_weight_fails():
