@@ -89,6 +89,8 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
                                                                          values.get("grain", 1))) == 0:
         # DeepSpeed refuses an empty vocabulary shard by design (ds_reject vocab_empty_shard / ce_empty_shard).
         return "an empty vocabulary shard (DeepSpeed refuses it: ds_reject vocab_empty_shard, ce_empty_shard)"
+    if subject.refuses_uneven_vocab and values["vocab"] % values["tp"]:
+        return f"an uneven vocabulary: {subject.refuses_uneven_vocab}"
     return subject.unavailable_reason(values)
 
 

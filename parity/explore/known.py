@@ -16,6 +16,11 @@ Two ways an explored case meets a mark:
    must still pass. A numerical mark's evidence is only a list of checks allowed to fail, which
    any bug of the same tensors would also meet, so it carries over nothing it lists: the Liger-gate
    mark (vocab 18, grain 4, tp 3) must not excuse a gradient miss at vocab 2 with equal shards.
+   Unless its case file says ``any_size = true``: the mark's mechanism is a fact about code paths
+   that every size takes (a mean over no target clamped to 1, a CE that overwrites the caller's
+   fp32 logits, a clipping norm that skips TP ranks > 0's flattened gradients), so the checks it
+   lists can fail at any size for that reason alone; found by explore seeds 4-7, which stopped on
+   these divergences at vocabularies 2 and 195. The other axes it lists still bind.
 
 A mark is only an explanation, and it must fit the evidence: the case's outcome is judged again
 with the mark attached, and only a "diverged" verdict (every failed check covered by the mark's
@@ -68,8 +73,8 @@ def marks(paths=None) -> list[Mark]:
                 if first is None:
                     continue
                 checks = first.divergence.checks
-                sizeless = bool(first.divergence.raises) or (bool(checks) and all(c.startswith("contract[")
-                                                                                  for c in checks))
+                sizeless = (first.divergence.any_size or bool(first.divergence.raises)
+                            or (bool(checks) and all(c.startswith("contract[") for c in checks)))
                 axes = {**table.get("axes", {}), **scope}
                 explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
                                  if not (sizeless and a in SCALE_AXES))

@@ -20,6 +20,10 @@ A file holds one or more ``[[matrix]]`` tables:
     checks = ["grad"]                   # the checks allowed to fail (name, or name prefix before '[')
     raises = "RuntimeError: fragment"   # or: the subject crashes here; some rank must raise this ("Type: message"
                                         # fragment), the others may only lose their peer; checks then unused
+    any_size = true                     # optional: the mechanism in `reason` holds at every size (vocab, hidden,
+                                        # tp, dp, gas, grain, chunk), so `parity explore` may carry the mark to
+                                        # sizes the table does not list (parity/explore/known.py); never for a
+                                        # decision only some sizes take
     [[matrix.known_divergence]]         # or several, each limited to the cases it names:
     where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
                                         # than one gets them merged (reasons and repros joined, checks united)
@@ -49,7 +53,7 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
@@ -87,6 +91,7 @@ class KnownDivergence:
     repro: str
     checks: tuple = ()  # empty: any numerical check may fail
     raises: str = ""  # a crash, not a number: "Type: message" fragment some rank must raise
+    any_size: bool = False  # the case file says the mechanism holds at every size (parity explore may carry it)
 
     def covers(self, check_name: str) -> bool:
         return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
@@ -282,7 +287,10 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     raises = table.get("raises", "")
     if not isinstance(raises, str) or ("raises" in table and ": " not in raises):
         raise CaseFileError(path, f"{where}.raises", f"bad value {raises!r}", "'ExceptionType: message fragment'")
-    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises)
+    any_size = table.get("any_size", False)
+    if not isinstance(any_size, bool):
+        raise CaseFileError(path, f"{where}.any_size", f"bad value {any_size!r}", "true or false")
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size)
 
 
 def _merged(path, where, found: list) -> KnownDivergence | None:
@@ -292,7 +300,8 @@ def _merged(path, where, found: list) -> KnownDivergence | None:
     if any(d.raises for d in found):
         raise CaseFileError(path, f"{where}.known_divergence", "a crash divergence (raises) cannot overlap another")
     checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
-    return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks)
+    return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks,
+                           any_size=all(d.any_size for d in found))
 
 
 def _collectives(path, where, table) -> tuple:

@@ -68,6 +68,10 @@ class Subject(ABC):
     # TP / DP group members, DP size, a vocab-parallel head's range), checked against the suite's
     # formulas and across ranks; a rank that records none fails.
     records_rank_decisions: bool = False
+    # Non-empty: the framework refuses a vocabulary tp does not divide, by design, and this says where the
+    # case files document that refusal; `parity explore` then draws no such point (it would only find
+    # the refusal again).
+    refuses_uneven_vocab: str = ""
 
     def world_size(self, values: dict) -> int:
         return values.get("tp", 1) * values.get("dp", 1)

@@ -88,6 +88,8 @@ class MegatronHead(Subject):
     framework = "megatron"
     gathers = False  # ColumnParallelLinear(gather_output=True): CUDA only
     vocab_parallel_loss = False
+    refuses_uneven_vocab = ("Megatron-core shards evenly and asserts tp divides the vocabulary at layer construction "
+                            "(cases/megatron.toml: the uneven-vocabulary refusals)")
 
     def world_size(self, values):
         return values.get("tp", 1)

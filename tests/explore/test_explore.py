@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from parity.checks.verdict import DIVERGED, FAILED
@@ -55,6 +56,10 @@ def test_points_that_are_not_cases_say_why():
     torch_values = {k: base[k] for k in ("dtype", "reduction", "vocab", "hidden", "bias", "head", "ignore", "gas",
                                          "tp", "device")}
     assert not_a_case("torch_vocab_parallel", {**torch_values, "vocab": 5, "tp": 4}, 8) is None
+    # Megatron refuses a vocabulary tp does not divide (cases/megatron.toml): found at vocab 151 over 3.
+    megatron = {**torch_values, "label_smoothing": 0.0}
+    assert "uneven vocabulary" in not_a_case("megatron_vocab_parallel", {**megatron, "vocab": 151, "tp": 3}, 8)
+    assert not_a_case("megatron_vocab_parallel", {**megatron, "vocab": 150, "tp": 3}, 8) is None
 
 
 def test_a_twin_of_the_default_matrix_keeps_its_expectation():
@@ -129,6 +134,29 @@ def test_a_contract_mark_carries_over_sizes_and_nothing_else():
     assert any(m.admits(explored_case("column_gathered", values)) for m in dtype_marks)
     for other in ({"dtype": "fp32"}, {"zero": 1}):
         assert not any(m.admits(explored_case("column_gathered", {**values, **other})) for m in dtype_marks)
+
+
+def test_an_any_size_mark_carries_over_sizes_and_nothing_else():
+    # DeepSpeed's all-ignored loss of 0 (a mean over no target clamped to 1) holds at every vocabulary:
+    # explore seeds 4-6 stopped on it at vocab 2 and 195 while the mark listed 35. Its case file says
+    # any_size; a micro-batch that is not all ignored is still not admitted.
+    values = {"dtype": "fp32", "reduction": "mean", "vocab": 195, "hidden": 7, "bias": True, "head": "lm_head",
+              "ignore": "micro", "zero": 0, "gas": 3, "tp": 3, "dp": 1, "grain": 1, "clip": 0.0, "device": "cpu",
+              "ignore_index": -100}
+    all_ignored = [m for m in MARKS.marks if m.subject == "vocab_parallel" and m.divergence.any_size
+                   and "all_ignored" in m.divergence.repro]
+    assert any(m.admits(explored_case("vocab_parallel", values)) for m in all_ignored)
+    assert not any(m.admits(explored_case("vocab_parallel", {**values, "ignore": "scattered"})) for m in all_ignored)
+
+
+def test_any_size_must_be_a_boolean(tmp_path):
+    from parity.matrix.cases import CaseFileError, load_file
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "r"\n'
+                    'repro = "ci/repro/liger_double_backward.py"\nany_size = "yes"\n')
+    with pytest.raises(CaseFileError, match="any_size"):
+        load_file(path)
 
 
 def _explore(tmp_path, mutant: str | None):
