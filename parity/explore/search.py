@@ -27,7 +27,7 @@ from parity.explore.domains import entry_toml, explored_case, not_a_case, points
 from parity.explore.known import Marks
 from parity.harness.rank_pool import PoolStartError
 from parity.harness.runner import DEFAULT_CASE_TIMEOUT_S, Runner, judge, skip_verdict, timed_verdict
-from parity.matrix.cases import load_file
+from parity.matrix.cases import load_file, merged_divergence
 
 FAILURE_FILE = "explore-failure.toml"
 
@@ -78,10 +78,21 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
         verdict = judge(case, outcome, False, pool.mode)
         if verdict.status != FAILED or twin is not None:
             return verdict
-        for mark in marks.candidates(case):
+        candidates = marks.candidates(case)
+        for mark in candidates:
             again = judge(replace(case, divergence=mark.divergence), outcome, False, pool.mode)
             if again.status == DIVERGED:
                 again.reason += f" [mark of {mark.source}]"
+                return again
+        # A case under two documented divergences (ZeRO 0's bf16 gradient dtype and a swallowed
+        # ignore_index) fails the checks of both, which no mark alone covers: the marks together,
+        # united as a case file unites the marks one case falls under (cases._merged).
+        numeric = [m for m in candidates if not m.divergence.raises]
+        if len(numeric) > 1:
+            together = merged_divergence([m.divergence for m in numeric])
+            again = judge(replace(case, divergence=together), outcome, False, pool.mode)
+            if again.status == DIVERGED:
+                again.reason += f" [marks of {', '.join(m.source for m in numeric)}]"
                 return again
         return verdict
 

@@ -299,6 +299,11 @@ def _merged(path, where, found: list) -> KnownDivergence | None:
         return found[0] if found else None
     if any(d.raises for d in found):
         raise CaseFileError(path, f"{where}.known_divergence", "a crash divergence (raises) cannot overlap another")
+    return merged_divergence(found)
+
+
+def merged_divergence(found: list) -> KnownDivergence:
+    """Numerical divergences one case is under, as one: reasons and repros joined, checks united."""
     checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
     return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks,
                            any_size=all(d.any_size for d in found))

@@ -149,6 +149,22 @@ def test_an_any_size_mark_carries_over_sizes_and_nothing_else():
     assert not any(m.admits(explored_case("vocab_parallel", {**values, "ignore": "scattered"})) for m in all_ignored)
 
 
+def test_a_case_under_two_marks_is_judged_against_both_together():
+    # parity explore --seed 8: bf16, ZeRO 0, ignore_index 0 fails ZeRO 0's gradient dtype contract and
+    # the swallowed ignore_index's numbers; each mark covers only its own checks, the two together all.
+    from parity.matrix.cases import merged_divergence
+
+    values = {"dtype": "bf16", "reduction": "mean", "vocab": 21, "hidden": 32, "bias": False, "head": "lm_head",
+              "ignore": "none", "zero": 0, "gas": 1, "tp": 2, "dp": 1, "grain": 1, "clip": 0.0, "device": "cpu",
+              "ignore_index": 0}
+    marks = MARKS.candidates(explored_case("vocab_parallel", values))
+    assert len(marks) >= 2 and not any(m.divergence.covers("contract[grad]") and m.divergence.covers("loss")
+                                       for m in marks)
+    together = merged_divergence([m.divergence for m in marks])
+    assert together.covers("contract[grad]") and together.covers("loss") and together.covers("master_weight[x]")
+    assert not together.covers("sgd_update[lm_head.weight]")
+
+
 def test_any_size_must_be_a_boolean(tmp_path):
     from parity.matrix.cases import CaseFileError, load_file
 
