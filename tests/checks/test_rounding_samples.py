@@ -110,6 +110,28 @@ def test_a_large_tensor_of_inherited_cancelling_errors_gets_the_samples_rms():
     assert not judge_close(oracle * (1 + 1e-4), ref, oracle, "fp32", lambda: np.full(64, 3e-9)).passed
 
 
+def test_an_entry_of_inherited_cancelling_errors_gets_the_samples_element_bound():
+    """The element criterion on the same kind of tensor (parity explore --seed 8: hf_plan_tied vocab 2,
+    a q_proj weight-gradient entry at 1.37x): where the samples' RMS error disproves the premise, an
+    entry is held to the samples' error, its own and its neighbourhood's, not to the reference's one
+    rounding; samples within the floor change nothing."""
+    n = 1024
+    oracle = np.linspace(-1e-3, 1e-3, n)
+    oracle[0] = 1.0  # one large entry: the max criterion's floor is far above the small ones
+    ref = oracle + 1e-9 * np.sign(np.sin(np.arange(n)))
+    got = oracle + 1e-9 * np.sign(np.cos(np.arange(n)))
+    got[7] = oracle[7] + 40e-9
+    first = judge_close(got, ref, oracle, "fp32")
+    assert not first.passed and first.criterion == "element" and first.index == (7,)
+    sampled = judge_close(got, ref, oracle, "fp32", lambda: np.full(n, 5e-8))  # 16 units of rms(oracle) is 3e-8
+    assert sampled.passed
+    within = judge_close(got, ref, oracle, "fp32", lambda: np.full(n, 2e-10))
+    assert (within.passed, within.criterion, within.bound) == (False, "element", first.bound)
+    far = got.copy()
+    far[7] = oracle[7] + 3e-6  # beyond what the samples allow an entry
+    assert not judge_close(far, ref, oracle, "fp32", lambda: np.full(n, 5e-8)).passed
+
+
 def test_rms_samples_within_the_floor_change_nothing():
     oracle = np.linspace(1.0, 2.0, 64)
     ref = oracle * (1 + U32 * np.sign(np.sin(np.arange(64))))
