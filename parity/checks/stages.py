@@ -21,6 +21,10 @@ Stages:
   bf16 optimizer) rounds less than this, never more.
 - gradient -> SGD update is parity.checks.compare's sgd_update (w' = w - lr g on the rank's own
   values).
+
+The stage's inputs are exact (``exact_inputs``), so its rounding samples (sampled_logits_grads,
+sampled_head_param_grads: the stage rerun under parity.checks.rounding's RoundingNoise) move only its
+own roundings; the head-gradient stage takes them where a small or cancelling tensor misses.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ import numpy as np
 import torch
 
 from parity.checks.bounded_cache import BoundedCache
+from parity.checks.rounding import RoundingNoise
 from references.loss import causal_lm_loss
+from references.seeding import exact_inputs
 from references.trajectory import trainer_objective
 
 
@@ -63,15 +69,16 @@ def losses_and_head_input_grads(logits: list, labels: list, weights: list | None
 
 
 def _compute(logits, labels, weights, num_items, spec, train, dtype):
-    z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(True)
+    with exact_inputs():  # the subject's own values: their cast to the dtype they hold is exact
+        z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(True)
+        w = None if weights is None else torch.from_numpy(np.stack(weights)).to(dtype)
     losses = [causal_lm_loss(z[i], labels[i], reduction=spec.reduction, ignore_index=spec.ignore_index,
                              num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None)
               for i in range(len(logits))]
     sum(trainer_objective(loss, train, spec.reduction) for loss in losses).backward()
     dz = z.grad.reshape(len(logits), -1, z.shape[-1])
     grads = [None] * len(logits)
-    if weights is not None:
-        w = torch.from_numpy(np.stack(weights)).to(dtype)
+    if w is not None:
         grads = list(torch.bmm(dz, w).detach().double().numpy())
     return [loss.detach().double().numpy() for loss in losses], grads, list(dz.detach())
 
@@ -79,9 +86,10 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
 def logits_from_head_input(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: torch.dtype):
     """The logits stage: F.linear of the recorded head input with the head's weight and bias, in
     ``dtype`` (float64: the oracle), as float64 numpy of x's leading shape + [V]."""
-    out = torch.nn.functional.linear(torch.from_numpy(x).to(dtype), torch.from_numpy(weight).to(dtype),
-                                     None if bias is None else torch.from_numpy(bias).to(dtype))
-    return out.double().numpy()
+    with exact_inputs():
+        x, weight = torch.from_numpy(x).to(dtype), torch.from_numpy(weight).to(dtype)
+        bias = None if bias is None else torch.from_numpy(bias).to(dtype)
+    return torch.nn.functional.linear(x, weight, bias).double().numpy()
 
 
 def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
@@ -91,10 +99,26 @@ def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
     weight = bias = None
     for dz, x in zip(dzs, xs):
         dz = dz.to(dtype)
-        x = torch.from_numpy(x).to(dtype).reshape(dz.shape[0], -1)
+        with exact_inputs():
+            x = torch.from_numpy(x).to(dtype).reshape(dz.shape[0], -1)
         gw = dz.t() @ x
         weight = gw if weight is None else weight + gw
         if with_bias:
             gb = dz.sum(dim=0)
             bias = gb if bias is None else bias + gb
     return weight.double().numpy(), None if bias is None else bias.double().numpy()
+
+
+def sampled_logits_grads(logits, labels, num_items, spec, train, dtype: torch.dtype, seed: int) -> list:
+    """The logits gradients of losses_and_head_input_grads at ``dtype`` with every rounding moved by
+    up to a unit (parity.checks.rounding's RoundingNoise, sample ``seed``): one rounding sample of the
+    CE stage, for the head-gradient stage's bound. Never cached: a perturbed result must not stand in
+    for the stage reference."""
+    with RoundingNoise(seed):
+        return _compute(logits, labels, None, num_items, spec, train, dtype)[2]
+
+
+def sampled_head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool, seed: int):
+    """head_param_grads with every rounding moved by up to a unit (sample ``seed``)."""
+    with RoundingNoise(seed):
+        return head_param_grads(dzs, xs, dtype, with_bias)

@@ -223,3 +223,31 @@ def test_a_master_moved_by_a_cancelling_gradient_gets_the_samples_bound():
     wider = master_weight_sampled_bound("bf16", first, 1e-5, movement)
     assert wider is not None and wider.value > first.value and wider.value < 1e-4
     assert u * scale > 10 * wider.value  # a bf16 master's rounding of the weight stays a failure
+
+
+def test_stage_samples_move_the_stage_and_leave_its_inputs_and_reference_alone():
+    """The head-gradient stage's rounding samples (stages.sampled_logits_grads / sampled_head_param_grads):
+    the subject's recorded logits and head inputs are the stage's exact inputs, so a sample moves only
+    the stage's own roundings, by about a unit; the stage reference's cache never holds a sample."""
+    from parity.checks import stages
+    from references.tiny_lm import ModelSpec
+    from references.trajectory import TrainingSpec
+
+    spec, train = ModelSpec(vocab=3, hidden=8), TrainingSpec(micro_batches=1)
+    gen = torch.Generator().manual_seed(0)
+    logits = [torch.randn(2, 6, 3, generator=gen).to(torch.bfloat16).double().numpy()]
+    labels = [torch.randint(0, 3, (2, 6), generator=gen)]
+    xs = [torch.randn(2, 6, 8, generator=gen).to(torch.bfloat16).double().numpy()]
+    bf16 = torch.bfloat16
+    _, _, dz = stages.losses_and_head_input_grads(logits, labels, None, [12], spec, train, bf16)
+    noisy_dz = stages.sampled_logits_grads(logits, labels, [12], spec, train, bf16, 0)
+    assert torch.equal(noisy_dz[0], stages.sampled_logits_grads(logits, labels, [12], spec, train, bf16, 0)[0])
+    assert not torch.equal(noisy_dz[0], dz[0])
+    assert float((noisy_dz[0].double() - dz[0].double()).abs().max()) <= 4 * unit_roundoff("bf16")
+    again = stages.losses_and_head_input_grads(logits, labels, None, [12], spec, train, bf16)[2]
+    assert torch.equal(again[0], dz[0])  # not the sample
+    w, b = stages.head_param_grads(dz, xs, bf16, True)
+    noisy_w, noisy_b = stages.sampled_head_param_grads(noisy_dz, xs, bf16, True, 0)
+    scale = np.abs(dz[0].double().numpy()).sum(0)  # the bias sums |dz| over tokens: its error is relative to that
+    assert np.all(np.abs(noisy_b - b) <= 8 * unit_roundoff("bf16") * scale + 1e-12)
+    assert noisy_w.shape == w.shape and not np.array_equal(noisy_w, w)
