@@ -24,6 +24,8 @@ grad, weight, ...) one ``contract[<kind>]`` check compares, at every step and mi
     subjects wrap DeepSpeed's Python float in a float64 tensor), so only its device is telling.
 - device: the device the rank runs on (``facts["rank_device"]``, set by the rank worker).
 
+An empty tensor's dtype is not held (it changes no number); its device is.
+
 Shapes are held by the numerical checks already (close/exact fail "shape ... != expected" per
 rank, against the suite's own partition of the reference), so they are not repeated here.
 """
@@ -55,7 +57,11 @@ def contract_checks(observations: dict, reference, micro_kinds) -> list[dict]:
                 problems.append(f"{where} step {step} micro {micro}: the reference holds no tensor here")
                 continue
             got_dtype, got_device = o.dtypes.get(key), getattr(o, "devices", {}).get(key)
-            if got_dtype != ref[0]:
+            # An empty shard (hidden 2 over tp 2 with grain 2) holds no value a dtype could change, and
+            # DeepSpeed's optimizers map no float32 state to it: safe_get_full_grad hands back its bf16
+            # p.grad as is (parity explore --seed 9). Its placement still counts.
+            empty = getattr(o.tensors.get(key), "size", 1) == 0
+            if got_dtype != ref[0] and not empty:
                 problems.append(f"{where} step {step} micro {micro}: dtype {got_dtype}, reference {ref[0]}")
             if want_device is not None and got_device != want_device:
                 problems.append(f"{where} step {step} micro {micro}: on {got_device}, rank runs on {want_device}")

@@ -33,6 +33,12 @@ def master_weight_checks(comparison) -> list[dict]:
                                                ref_traj)
                 got = o.get("master_weight", step, None, name)
                 where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
+                if got is None and orc.size == 0:
+                    # An empty shard (a row head's hidden 2 over tp 2 with grain 2: 2, 0; DeepSpeed accepts it)
+                    # has no float32 master to hand out: DeepSpeed's optimizers keep none for a parameter of
+                    # no elements (parity explore --seed 9). Vacuous, as the other checks treat empty arrays.
+                    out.append({**where, "passed": True, "detail": "empty shard: no master to hold"})
+                    continue
                 if got is None or got.shape != orc.shape:
                     out.append({**where, "passed": False, "detail": "not observed" if got is None else
                                 f"shape {got.shape} != expected {orc.shape}"})

@@ -115,3 +115,25 @@ def test_a_master_rounded_to_bf16_after_every_update_fails_the_master_weight_che
     assert not [c for c in honest.failed_checks if c.name.startswith("master_weight[")], honest.explain()
     failed = {c.name.split("[")[0] for c in mutated.failed_checks}
     assert "master_weight" in failed and "weight" not in failed, mutated.explain()
+
+
+def test_an_empty_tensor_is_held_to_its_device_not_its_dtype():
+    """An empty shard holds no value a dtype could change (parity explore --seed 9: DeepSpeed hands back
+    the bf16 p.grad of a row head's empty hidden shard); a non-empty one of the same dtype still fails."""
+    from types import SimpleNamespace
+
+    from parity.checks.contract import contract_checks
+
+    reference = SimpleNamespace(layouts={("grad", 0, None, None, "w"): ("float32",)})
+
+    def checks(shape, device="cpu"):
+        o = RankObservations(1, 1, 0)
+        o.facts.update(rank_device="cpu")
+        o.record("grad", 0, None, "w", torch.zeros(shape, dtype=torch.bfloat16))
+        if device != "cpu":
+            o.devices[("grad", 0, None, "w")] = device
+        return [c["passed"] for c in contract_checks({1: o}, reference, {})]
+
+    assert checks((2, 0)) == [True]
+    assert checks((2, 1)) == [False]
+    assert checks((2, 0), device="cuda:0") == [False]
