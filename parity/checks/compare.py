@@ -548,9 +548,11 @@ class Comparison:
         elif bool(np.any(ref_now != ref_before)):
             ref_moved = ref_now != ref_before
             after = self.obs[rank].get("weight", step + 1, None, name)
-            early = bool(np.any((got_w == ref_now) & ref_moved))
+            # a shard of the wrong shape has failed weight[...] already: only its moving can meet the step
+            same_shape = got_w.shape == ref_now.shape
+            early = same_shape and bool(np.any((got_w == ref_now) & ref_moved))
             late = False
-            if after is not None and after.shape == ref_now.shape:
+            if same_shape and after is not None and after.shape == ref_now.shape:
                 # moves the reference's way on the next step and catches up with it there: a weight that
                 # skipped this step's update (one update behind from then on) does not
                 ref_next = self._param_view(name, self.reference.get("weight", step + 1, None, None, name).numpy(),
