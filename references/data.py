@@ -9,10 +9,16 @@ IGNORE_PATTERNS = ("none", "scattered", "micro", "step")
 
 
 def make_batch(seed: int, step: int, micro: int, dp_rank: int, *, batch: int, seq: int, vocab: int,
-               ignore: str, ignore_index: int = -100) -> dict:
+               ignore: str, ignore_index: int = -100, pad_token: int | None = None) -> dict:
     # An explicit mix, not hash(): the stream must not depend on the interpreter.
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step * 10_007 + micro * 101 + dp_rank) % (2**31))
     input_ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    if pad_token is not None:
+        # An embedding's padding_idx is exercised only where its token is looked up: twelve random ids
+        # from 34 miss it in a third of micro-batches, and a whole run at some seeds (seed 3 never looked
+        # token 33 up, so DeepSpeed's dropped padding_idx went unseen there). An assignment, not a draw:
+        # the generator's stream, and every case without padding, are unchanged.
+        input_ids[-1, 0] = pad_token
     # Targets cover the whole vocabulary range, so every shard owns some of them.
     labels = torch.randint(0, vocab, (batch, seq), generator=gen)
     labels[0, -1] = vocab - 1  # the last vocabulary row always receives a target

@@ -29,7 +29,7 @@ def build_embedding(vocab: int, hidden: int, padding_idx: int | None, seed: int,
 
 def lookup_batch(train: TrainingSpec, step: int, micro: int, vocab: int, hidden: int) -> tuple:
     ids = make_batch(train.seed, step, micro, 0, batch=train.batch, seq=train.seq, vocab=vocab,
-                     ignore="none")["input_ids"]
+                     ignore="none", pad_token=train.pad_token)["input_ids"]
     with exact_inputs():
         gen = torch.Generator().manual_seed((train.seed * 7919 + step * 131 + micro) % (2**31))
         target = torch.rand((train.batch, train.seq, hidden), generator=gen, dtype=torch.float64) * 2 - 1

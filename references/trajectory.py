@@ -44,10 +44,13 @@ class TrainingSpec:
     ignore: str = "scattered"
     dp: int = 1
     clip: float = 0.0
+    # The embedding's padding_idx, placed in every micro-batch's input (references.data.make_batch).
+    pad_token: int | None = None
 
     def batches(self, step: int, dp_rank: int, vocab: int, ignore_index: int) -> list[dict]:
         return [make_batch(self.seed, step, m, dp_rank, batch=self.batch, seq=self.seq, vocab=vocab,
-                           ignore=self.ignore, ignore_index=ignore_index) for m in range(self.micro_batches)]
+                           ignore=self.ignore, ignore_index=ignore_index, pad_token=self.pad_token)
+                for m in range(self.micro_batches)]
 
 
 @dataclass

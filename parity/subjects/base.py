@@ -26,6 +26,11 @@ def case_seed(base: int, values: dict) -> int:
     return base + SEED_STRIDE * values.get("seed", 0)
 
 
+def padding_index(values: dict) -> int | None:
+    """The embedding's padding_idx a case's ``padding`` axis names (none, token 0, token vocab-1)."""
+    return {"none": None, "first": 0, "last": values["vocab"] - 1}[values.get("padding", "none")]
+
+
 @dataclass(frozen=True)
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
@@ -119,7 +124,7 @@ class Subject(ABC):
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values.get("gas", 2),
                             ignore=values.get("ignore", "scattered"),
-                            dp=values.get("dp", 1), clip=values.get("clip", 0.0))
+                            dp=values.get("dp", 1), clip=values.get("clip", 0.0), pad_token=padding_index(values))
 
     @abstractmethod
     def claims(self, values: dict) -> Claims:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from parity.subjects.base import Claims
+from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, reports_grad_norm
-from parity.subjects.deepspeed_tied import embed_specs, padding_index
+from parity.subjects.deepspeed_tied import embed_specs
 
 
 class EmbeddingSpecHead(ColumnGatheredHead):

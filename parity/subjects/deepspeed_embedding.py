@@ -19,9 +19,8 @@ import torch
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import Claims, RankContext, Subject, padding_index
 from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
-from parity.subjects.deepspeed_tied import padding_index
 from parity.observe.dtypes import DTYPES
 
 

@@ -25,16 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from parity.subjects.base import Claims
+from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, VocabParallelHead
 from parity.subjects.deepspeed_row import RowParallelHead
 
 TIED_AXES = {"padding": None, "embed_spec": None}
 SHARED = (("lm_head.weight", "embed_tokens.weight"),)
-
-
-def padding_index(values: dict) -> int | None:
-    return {"none": None, "first": 0, "last": values["vocab"] - 1}[values.get("padding", "none")]
 
 
 def embed_specs(values: dict) -> list:

@@ -121,3 +121,22 @@ def test_sgd_moves_weights_and_oracle_tracks_fp32():
     w0, w2 = ref.get("weight", -1, None, None, "proj.weight"), ref.get("weight", 1, None, None, "proj.weight")
     assert not torch.equal(w0, w2)
     assert torch.allclose(w2, oracle.get("weight", 1, None, None, "proj.weight"), rtol=0, atol=1e-6)
+
+
+def test_a_padding_token_is_looked_up_in_every_micro_batch_and_leaves_other_data_alone():
+    """A padding_idx case proves something only where its token is an input (at seed 3 of the default
+    matrix token 33 never was, and DeepSpeed's dropped padding_idx went unseen)."""
+    from parity.subjects.base import Subject
+    from references.data import make_batch
+
+    for seed in range(20):
+        for step in range(5):
+            kw = dict(batch=2, seq=6, vocab=34, ignore="scattered")
+            plain, padded = make_batch(seed, step, 0, 0, **kw), make_batch(seed, step, 0, 0, **kw, pad_token=33)
+            assert (padded["input_ids"] == 33).any()
+            assert torch.equal(plain["labels"], padded["labels"])
+            differ = plain["input_ids"] != padded["input_ids"]
+            assert int(differ.sum()) <= 1
+    spec = Subject.training_spec(None, {"vocab": 34, "padding": "last"})
+    assert spec.pad_token == 33 and all((b["input_ids"] == 33).any() for b in spec.batches(0, 0, 34, -100))
+    assert Subject.training_spec(None, {"vocab": 34}).pad_token is None
