@@ -52,7 +52,7 @@ def master_weight_checks(comparison) -> list[dict]:
                     sampled = comparison.sampled_error(
                         "master_weight", step, None, None, name,
                         lambda a, name=name, rank=rank: comparison._param_view(name, a, rank, ref_traj))()
-                    if sampled is not None and sampled.shape == got.shape and sampled.size:
+                    if sampled is not None and sampled.shape[1:] == got.shape and sampled.size:
                         wider = master_weight_sampled_bound(comparison.dtype, bound, float(np.max(sampled)), movement)
                         if wider is not None:
                             bound, detail = wider, "sampled max"

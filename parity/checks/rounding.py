@@ -93,17 +93,19 @@ ORACLE_KIND = {"master_weight": "weight"}
 
 
 def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:
-    """Per record, the elementwise max over ``samples`` perturbed case-dtype reruns of |rerun - oracle|."""
-    spread = Trajectory()
+    """Per record, |rerun - oracle| of each of ``samples`` perturbed case-dtype reruns, stacked along a
+    new first dimension: the max criteria take the elementwise max over it, the RMS criterion each
+    sample's own RMS (parity.checks.tolerances.judge_close)."""
+    errors: dict = {}
     for seed in range(samples):
         with RoundingNoise(seed):
             run = subject.reference(values)
         for key, value in run.records.items():
             exact = oracle.records.get((ORACLE_KIND.get(key[0], key[0]), *key[1:]))
-            if exact is None:
-                continue
-            err = (value - exact).abs()
-            spread.records[key] = err if key not in spread.records else torch.maximum(spread.records[key], err)
+            if exact is not None:
+                errors.setdefault(key, []).append((value - exact).abs())
+    spread = Trajectory()
+    spread.records = {key: torch.stack(each) for key, each in errors.items() if len(each) == samples}
     return spread
 
 
