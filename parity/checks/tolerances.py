@@ -328,6 +328,11 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             # neighbourhood's are one rounding's where every entry inherits cancelling sums' errors
             # (parity explore --seed 8: hf_plan_tied vocab 2, q/k_proj weight gradients at 1.37x).
             errors = samples_disprove()
+            samples = _samples(sampled_error, oracle) if errors is None else None
+            if errors is None and dispersed(samples):
+                # The neighbourhood, rms(ref - oracle), is one run's RMS error: dispersed samples say
+                # it does not stand for another's (the RMS's second premise, above).
+                errors = samples.max(axis=0)
             if errors is not None:
                 element = _element_judgement(diff, np.maximum(ref_err, errors), max(rms_err, _rms(errors)), u, scale,
                                              "sampled element")
