@@ -1,0 +1,78 @@
+"""DeepSpeed 0.19.8: ZeRO 3 fails the first forward when AutoTP leaves a rank an empty row shard.
+
+With ``tp_grain_size`` larger than the hidden size over tp (hidden 8 over tp 2 with grain 8), AutoTP's
+row split (partition_type "row", a LinearAllreduce) gives TP rank 0 all 8 hidden columns and TP rank 1
+none: a weight of shape (vocab, 0). DeepSpeed accepts it (ZeRO 0-2 then train to plain torch's numbers:
+cases/deepspeed_row_head.toml), but under ZeRO 3 the partitioned-parameter coordinator asserts
+``param.ds_status == ZeroParamStatus.AVAILABLE`` for that zero-element parameter
+(runtime/zero/partitioned_param_coordinator.py, _fetch_sub_module_impl) in the first forward, after
+deepspeed.initialize has converted the model; the other rank waits in a collective. Plain torch computes
+the loss. Found by parity explore --budget 1800 (seed 0), shrunk to vocab 2, hidden 8, tp 2, grain 8.
+
+Run (CPU, about 20 s):  python ci/repro/deepspeed_zero3_empty_row_shard.py
+Exit status 1 while a rank raises the AssertionError, 0 once both ranks return a loss.
+"""
+import importlib
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
+from _ranks import run_ranks  # noqa: E402
+
+TP, VOCAB, HIDDEN, GRAIN = 2, 2, 8, 8
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, ids):
+        logits = self.lm_head(torch.tanh(self.embed_tokens(ids)))
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def rank_main(rank, result):
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = Tiny()
+    # ZeRO 3 with its default thresholds, as a user writes it.
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+              "tensor_parallel": {"autotp_size": TP, "tp": {"tp_grain_size": GRAIN}, "partition_config": {
+                  "use_default_specs": False,
+                  "layer_specs": [{"patterns": [r"lm_head\.weight$"], "partition_type": "row"}]}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      optimizer=lambda p: torch.optim.SGD(p, lr=0.05), config=config)
+    shape = tuple(getattr(engine.module.lm_head.weight, "ds_shape", engine.module.lm_head.weight.shape))
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    try:
+        loss = engine(ids)
+        result[rank] = f"head shard {shape}: loss {float(loss):.6f}"
+    except AssertionError as exc:
+        result[rank] = f"head shard {shape}: AssertionError {str(exc)[:160]}"
+    except RuntimeError as exc:  # the peer left the collective it was waiting in
+        result[rank] = f"head shard {shape}: RuntimeError {str(exc).splitlines()[0][:100]}"
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = Tiny()
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    print(f"plain torch loss: {float(model(ids)):.6f}")
+    try:
+        result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"}, timeout=90)
+    except Exception as exc:  # a rank left hanging in a collective by its peer's assertion
+        print(f"ranks did not finish: {type(exc).__name__}: {str(exc)[-600:]}")
+        sys.exit(1)
+    for rank in range(TP):
+        print(f"rank {rank}: {result.get(rank)}")
+    raised = any("AssertionError" in str(r) for r in result.values())
+    print("ZeRO 3 asserts on the empty row shard" if raised else "both ranks computed a loss")
+    sys.exit(1 if raised else 0)
