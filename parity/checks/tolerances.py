@@ -291,6 +291,12 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     if got.size >= ELEMENTWISE_MIN_SIZE:
         rms_err, rms_scale = _rms(ref_err), _rms(oracle)
         cancelling = None  # the samples' errors where they disprove the premise of both criteria below
+        taken = []  # the rounding samples at the places of oracle, taken once, on the first miss that needs them
+
+        def samples():
+            if not taken:
+                taken.append(_samples(sampled_error, oracle))
+            return taken[0]
 
         def samples_disprove():
             """The samples' elementwise errors (their max over the samples) where their RMS exceeds the
@@ -298,7 +304,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             errors: see above), else None."""
             nonlocal cancelling
             if cancelling is None:
-                errors = _samples(sampled_error, oracle)
+                errors = samples()
                 cancelling = False
                 if errors is not None:
                     largest = errors.max(axis=0)
@@ -313,13 +319,12 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             # Only where the samples disprove the RMS's premise (see above): by magnitude, a few
             # cancelling sums' errors inherited by every entry; by dispersion, too few independent
             # roundings for one run's RMS error to stand for another's.
-            samples = _samples(sampled_error, oracle)
             errors = samples_disprove()
             if errors is not None:
                 bound_rms = max(bound_rms, RMS_SLACK * _rms(errors) + RMS_FLOOR_ULPS * u * rms_scale)
                 rms_judged = Judgement(_rms(diff) <= bound_rms, "sampled rms", _rms(diff), bound_rms)
-            elif dispersed(samples):
-                bound_rms = max(bound_rms, RMS_SLACK * max(_rms(e) for e in samples) + RMS_FLOOR_ULPS * u * rms_scale)
+            elif dispersed(samples()):
+                bound_rms = max(bound_rms, RMS_SLACK * max(_rms(e) for e in samples()) + RMS_FLOOR_ULPS * u * rms_scale)
                 rms_judged = Judgement(_rms(diff) <= bound_rms, "dispersed rms", _rms(diff), bound_rms)
         results.append(rms_judged)
         element = _element_judgement(diff, ref_err, rms_err, u, scale, "element")
@@ -328,11 +333,10 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             # neighbourhood's are one rounding's where every entry inherits cancelling sums' errors
             # (parity explore --seed 8: hf_plan_tied vocab 2, q/k_proj weight gradients at 1.37x).
             errors = samples_disprove()
-            samples = _samples(sampled_error, oracle) if errors is None else None
-            if errors is None and dispersed(samples):
+            if errors is None and dispersed(samples()):
                 # The neighbourhood, rms(ref - oracle), is one run's RMS error: dispersed samples say
                 # it does not stand for another's (the RMS's second premise, above).
-                errors = samples.max(axis=0)
+                errors = samples().max(axis=0)
             if errors is not None:
                 element = _element_judgement(diff, np.maximum(ref_err, errors), max(rms_err, _rms(errors)), u, scale,
                                              "sampled element")
