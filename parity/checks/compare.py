@@ -154,6 +154,7 @@ class Comparison:
                 self.check_collectives(step, micro)
             self.check_step(step)
         self.check_stages()
+        self.check_lookup_loss_stage()
         self.check_replicas_agree()
         for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
@@ -359,15 +360,17 @@ class Comparison:
         orc_loss, orc_hgrad, orc_dz = stages.losses_and_head_input_grads(*args, torch.float64)
         if weights is not None:
             self.check_logits_stage(where, weights, weight_name)
-            if not spec.tied:  # a tied weight's gradient also holds the embedding lookup's: not this stage's
-                sampled_dz = {}
+            sampled_dz = {}
 
-                def noisy_dz(seed):  # one rounding sample of the CE stage, taken on a miss, once per case
-                    if seed not in sampled_dz:
-                        sampled_dz[seed] = stages.sampled_logits_grads(logits, labels, num_items, spec, self.train,
-                                                                       DTYPES[self.dtype], seed)
-                    return sampled_dz[seed]
-                self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name, noisy_dz)
+            def noisy_dz(seed):  # one rounding sample of the CE stage, taken on a miss, once per case
+                if seed not in sampled_dz:
+                    sampled_dz[seed] = stages.sampled_logits_grads(logits, labels, num_items, spec, self.train,
+                                                                   DTYPES[self.dtype], seed)
+                return sampled_dz[seed]
+            # A tied weight's gradient also holds the embedding lookup's, which is not this stage's, but
+            # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
+            rows = self.rows_not_looked_up(spec) if spec.tied else None
+            self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name, noisy_dz, rows)
         for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
@@ -379,6 +382,27 @@ class Comparison:
                 if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
                     self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
                                orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
+
+    def check_lookup_loss_stage(self) -> None:
+        """loss[stage] of an embedding trained alone (references/embedding_lookup.py): the squared-error
+        loss recomputed from the subject's own recorded lookup and the task's targets, at the case dtype
+        (a float32 sum, as the reference's) and in float64. The lookup copies table rows, so everything a
+        bf16 loss differs by end to end is the table's inherited drift; this stage's own error is float32's."""
+        if set(self.claims.micro_records) != {"embedding", "loss"}:
+            return
+        from references.embedding_lookup import lookup_batch
+
+        for step in range(self.train.steps):
+            for micro in range(self.train.micro_batches):
+                _, target = lookup_batch(self.train, step, micro, self.values["vocab"], self.values["hidden"])
+                for rank, o in sorted(self.obs.items()):
+                    out = o.get("embedding", step, micro, None)
+                    if out is None or out.shape != tuple(target.shape):
+                        continue  # the end-to-end embedding check has failed it already
+                    ref = stages.lookup_loss_from_lookup(out, target, DTYPES[self.dtype])
+                    orc = stages.lookup_loss_from_lookup(out, target, torch.float64)
+                    self.close("loss[stage]", o.get("loss", step, micro, None), ref, orc, torch.float32,
+                               step=step, micro=micro, rank=rank)
 
     def head_bias_name(self, weight_name: str) -> str | None:
         """The head's own bias: beside its weight, or under the head's name when the weight is a tied embedding's."""
@@ -423,10 +447,21 @@ class Comparison:
                 self.close("logits[stage]", o.get("logits", step, micro, None), ref, orc, step=step, micro=micro,
                            rank=rank)
 
-    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name, noisy_dz) -> None:
+    def rows_not_looked_up(self, spec) -> dict:
+        """step -> [V] bool: the vocabulary rows no micro-batch of the step (data-parallel rank 0) looks up."""
+        rows = {}
+        for step in range(self.train.steps):
+            seen = np.zeros(spec.vocab, dtype=bool)
+            for batch in self.train.batches(step, 0, spec.vocab, spec.ignore_index):
+                seen[batch["input_ids"].reshape(-1).numpy()] = True
+            rows[step] = ~seen
+        return rows
+
+    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None) -> None:
         """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against
         sum over the step's micro-batches of dz^T x on its own logits and head input. Only with one
-        data-parallel rank: across several the engine's gradient averaging is a further stage."""
+        data-parallel rank: across several the engine's gradient averaging is a further stage.
+        ``weight_rows`` (a tied head: step -> [V] bool) limits the weight's check to those rows."""
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
 
@@ -462,9 +497,17 @@ class Comparison:
                                                                     bias_name is not None, seed)[index]
                             errors.append(np.abs(self._param_view(name, noisy, rank, self.reference) - orc_view))
                         return np.stack(errors)
-                    self.close(f"grad[{name}][stage]", o.get("grad", step, None, name),
-                               self._param_view(name, ref, rank, self.reference), orc_view, sampled=sampled,
-                               step=step, rank=rank)
+                    got, ref_view = o.get("grad", step, None, name), self._param_view(name, ref, rank, self.reference)
+                    if index == 0 and weight_rows is not None:
+                        keep = self._param_view(name, weight_rows[step], rank, self.reference)
+                        if got is None or got.shape != orc_view.shape or not keep.any():
+                            continue  # the end-to-end grad check judges a missing or misshapen one
+                        got, ref_view, orc_view = got[keep], ref_view[keep], orc_view[keep]
+
+                        def sampled(whole=sampled, keep=keep):
+                            errors = whole()
+                            return errors[:, keep]
+                    self.close(f"grad[{name}][stage]", got, ref_view, orc_view, sampled=sampled, step=step, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""

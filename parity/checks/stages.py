@@ -19,6 +19,8 @@ Stages:
   dz summed over tokens), accumulated over the step's micro-batches in the case dtype as autograd
   accumulates p.grad in the parameter's dtype. A subject that accumulates in float32 (DeepSpeed's
   bf16 optimizer) rounds less than this, never more.
+- an embedding's lookup, its targets -> its squared-error loss (references/embedding_lookup.py: the
+  lookup_loss of the subject's own recorded lookup, computed in float32 as the reference does).
 - gradient -> SGD update is parity.checks.compare's sgd_update (w' = w - lr g on the rank's own
   values).
 
@@ -81,6 +83,16 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
     if w is not None:
         grads = list(torch.bmm(dz, w).detach().double().numpy())
     return [loss.detach().double().numpy() for loss in losses], grads, list(dz.detach())
+
+
+def lookup_loss_from_lookup(out: np.ndarray, target: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """The lookup-loss stage: references.embedding_lookup.lookup_loss of the recorded lookup held in
+    ``dtype`` (the case dtype: the loss then computes in float32, as the reference's; float64: the oracle)."""
+    from references.embedding_lookup import lookup_loss
+
+    with exact_inputs():
+        out = torch.from_numpy(out).to(dtype)
+    return lookup_loss(out, target).double().numpy()
 
 
 def logits_from_head_input(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: torch.dtype):

@@ -108,7 +108,9 @@ inherits that), float32 for a loss the reference computes in float32 from exact 
 
 Stage-local oracles (parity/checks/stages.py): a stage re-evaluated in float64 on the *subject's
 own* inputs to it (its recorded logits and targets -> loss; logits and head weight -> head-input
-gradient), against the same stage at the case dtype done the reference's way on those inputs.
+gradient; head input and weight -> logits; logits gradient and head input -> the head's step gradient,
+for a tied head on the rows the step's lookups leave alone; an embedding's lookup -> its loss),
+against the same stage at the case dtype done the reference's way on those inputs.
 No upstream rounding is inherited, so the bound is the stage's own arithmetic: the same three
 criteria, with the stage reference's error and the floor of the dtype the stage computes in.
 

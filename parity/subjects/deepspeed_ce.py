@@ -20,12 +20,17 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, tp_group
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
+# Its tokens: 40, not the logits CEs' 24, so that a per-token loss has the 32 elements the RMS and
+# element-wise criteria need (parity.checks.tolerances.ELEMENTWISE_MIN_SIZE). Under them the max
+# criterion alone judged it, whose floor (16 bf16 units of the largest token loss) let a 7% scale
+# of every token's loss through; 40 splits into whole chunks of 5 and 8.
+FUSED_TOKENS = 40
 
 
 def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
@@ -134,7 +139,7 @@ class DeepSpeedFusedLinearCE(Subject):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])
 
     def reference(self, values, compute_dtype=None):
-        return linear_ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], HIDDEN, values["bias"],
+        return linear_ce_reference(case_seed(SEED, values), FUSED_TOKENS, values["vocab"], HIDDEN, values["bias"],
                                    values["ignore"],
                                    DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX,
                                    reduction=values["reduction"])
@@ -147,7 +152,7 @@ class DeepSpeedFusedLinearCE(Subject):
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part, start, end = _bounds(vocab, tp, tp_rank)
-        h, w, b, targets, upstream = linear_ce_inputs(case_seed(SEED, values), TOKENS, vocab, HIDDEN, values["bias"],
+        h, w, b, targets, upstream = linear_ce_inputs(case_seed(SEED, values), FUSED_TOKENS, vocab, HIDDEN, values["bias"],
                                                       values["ignore"],
                                                       DTYPES[values["dtype"]], IGNORE_INDEX)
         hidden = h.to(ctx.device).requires_grad_(True)

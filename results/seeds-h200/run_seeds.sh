@@ -4,6 +4,7 @@
 # Each SEED runs the default CPU matrix (`parity run --device cpu --seed SEED`) pinned to CPUS (taskset -c),
 # all seeds side by side; parity's default -j follows the pinned cores (os.sched_getaffinity), ranks use one
 # thread each, so verdicts do not depend on the pinning. Each pass ends after LIMIT_S (timeout).
+# PARITY_ARGS (optional) narrows every pass, e.g. PARITY_ARGS='-k "tied or embedding"'.
 set -u
 out=$1; limit=$2; shift 2
 [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -14,7 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 for spec in "$@"; do
   s=${spec%%:*}; cpus=${spec#*:}
   ( t0=$(date +%s)
-    timeout "$limit" taskset -c "$cpus" python3 -m parity.cli run --device cpu --seed "$s" --report "/tmp/r$s" > "/tmp/s$s.log" 2>&1
+    timeout "$limit" taskset -c "$cpus" bash -c "python3 -m parity.cli run --device cpu --seed $s --report /tmp/r$s ${PARITY_ARGS:-}" > "/tmp/s$s.log" 2>&1
     echo "seed $s cpus $cpus rc $? wall_s $(( $(date +%s) - t0 ))" >> "$out/env.txt" ) &
 done
 wait

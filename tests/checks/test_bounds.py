@@ -8,6 +8,7 @@ import torch
 from parity.checks import perturb
 from parity.checks.compare import compare, reference_pair
 from parity.checks.tolerances import judge_close, parity_bound, unit_roundoff
+from parity.matrix.cases import load
 from parity.observe.observations import RankObservations
 from parity.subjects import SUBJECTS
 
@@ -161,3 +162,48 @@ def test_the_logits_stage_finds_a_tied_heads_own_bias():
     checks = compare(subject, values, played_back(subject, values), reference, oracle)
     stage = [c for c in checks if c.name == "logits[stage]"]
     assert stage and all(c.passed for c in stage), [c.describe() for c in stage if not c.passed][:3]
+
+
+def case_values(case_id: str, **changes) -> dict:
+    (case,) = [c for c in load() if c.id == case_id]
+    return {**case.values, **changes}
+
+
+def played_back_and_perturbed(subject_name, values, observable=None, mode="scale", eps=0.0):
+    subject = SUBJECTS[subject_name]
+    reference, oracle = reference_pair(subject, values)
+    obs = played_back(subject, values)
+    if observable is not None:
+        obs = perturb.perturb(obs, 0, observable, mode, eps, subject.claims(values), 1)
+    return compare(subject, values, obs, reference, oracle)
+
+
+TIED = case_values("tied_vocab_parallel-torch-bf16-mean-v34-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none",
+                   tp=1)
+
+
+def test_a_tied_head_gradient_is_judged_as_a_stage_on_the_rows_no_token_looked_up():
+    checks = played_back_and_perturbed("tied_vocab_parallel", TIED)
+    stage = numerical(checks, "grad[embed_tokens.weight][stage]")
+    assert len(stage) == 5 and all(c.passed for c in stage), [c.describe() for c in stage if not c.passed]
+    # A 1% scale of the whole gradient: end to end the tied gradient (lookup and head) inherits room for it.
+    checks = played_back_and_perturbed("tied_vocab_parallel", TIED, "weight_grad", "scale", 1e-2)
+    assert not all(c.passed for c in numerical(checks, "grad[embed_tokens.weight][stage]"))
+
+
+EMBEDDING = case_values("vocab_parallel_embedding-bf16-v34-h32-gas2-tp2-cpu-nopad", tp=1)
+
+
+def test_an_embedding_loss_is_judged_as_a_stage_from_its_own_lookup():
+    checks = played_back_and_perturbed("vocab_parallel_embedding", EMBEDDING)
+    stage = numerical(checks, "loss[stage]")
+    assert len(stage) == 10 and all(c.passed for c in stage)
+    checks = played_back_and_perturbed("vocab_parallel_embedding", EMBEDDING, "loss", "scale", 1e-4)
+    assert all(c.passed for c in numerical(checks, "loss"))  # end to end: the table's bf16 drift
+    assert not all(c.passed for c in numerical(checks, "loss[stage]"))
+
+
+def test_a_fused_linear_ce_per_token_loss_has_the_elements_the_rms_criterion_needs():
+    values = case_values("ds_fused_linear_ce-bf16-none-v36-bias-ign_scattered-tp2-cpu", tp=1)
+    checks = played_back_and_perturbed("ds_fused_linear_ce", values, "loss", "scale", 1e-2)
+    assert not all(c.passed for c in numerical(checks, "loss"))
