@@ -203,12 +203,19 @@ def cmd_sensitivity(args) -> int:
                   flush=True)
     finally:
         runner.close()
-    worst = aggregate(entries)
-    command = "parity " + " ".join(args.argv)
     out = Path(args.report)
+    print(write_report(out, entries, skipped, "parity " + " ".join(args.argv), time.monotonic() - start))
+    print(f"wrote {out}/sensitivity.json, sensitivity.md")
+    return 1 if any(e["baseline_failed"] for e in entries) else 0
+
+
+def write_report(out: Path, entries: list[dict], skipped: list[dict], command: str, seconds: float) -> str:
+    """DIR/sensitivity.json and sensitivity.md of measured cases (also of several runs' merged: their
+    entries are per case, so the worst per cell is the same whichever run measured it). Returns the table."""
+    worst = aggregate(entries)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sensitivity.json").write_text(json.dumps(
-        {"command": command, "seconds": round(time.monotonic() - start, 1), "targets": SENSITIVITY_TARGETS,
+        {"command": command, "seconds": round(seconds, 1), "targets": SENSITIVITY_TARGETS,
          "worst": {k: {d: {**c, "eps": None if c["eps"] == math.inf else c["eps"]} for d, c in v.items()}
                    for k, v in worst.items()},
          "cases": entries, "skipped": skipped}, indent=1))
@@ -216,6 +223,4 @@ def cmd_sensitivity(args) -> int:
     if skipped:  # every selected case is accounted for: measured, or not measured and why
         table += "\nNot measured:\n" + "".join(f"- {e['id']}: {e['reason']}\n" for e in skipped)
     (out / "sensitivity.md").write_text(table)
-    print(table)
-    print(f"wrote {out}/sensitivity.json, sensitivity.md")
-    return 1 if any(e["baseline_failed"] for e in entries) else 0
+    return table
