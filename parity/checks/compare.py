@@ -124,7 +124,8 @@ class Comparison:
                     errors = whole()
                     return None if errors is None or errors.shape[1:] != keep.shape else errors[:, keep]
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
-        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not name.endswith("[stage]"))
+        stage_local = name.endswith("[stage]") or self.claims.stage_local
+        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local)
         finite = bool(np.all(np.isfinite(got)))
         detail = judged.describe() if finite else "non-finite values"
         if expected_nan.any():

@@ -46,6 +46,11 @@ class Claims:
     shared_params: tuple = ()
     # how shards are sized (parity.observe.partition.SPLITS): "near_even" (AutoTP) or "chunk" (DTensor's Shard)
     split: str = "near_even"
+    # True: every record is one computation from the reference's exact inputs, rounded in a low precision
+    # (a loss-only subject handed the very tensors the reference starts from): the reference's error is
+    # that computation's own roundings, many independent ones, nothing inherited from earlier steps, so
+    # its checks are judged as stage-local ones (parity.checks.tolerances.rms_bound, ``inherits`` False).
+    stage_local: bool = False
 
 
 @dataclass

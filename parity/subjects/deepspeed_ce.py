@@ -133,7 +133,13 @@ class DeepSpeedFusedLinearCE(Subject):
         records = {"loss": None, "hidden_grad": None, "weight_grad": 0}
         if values["bias"]:
             records["bias_grad"] = 0
-        return Claims(module_types={}, param_shards={}, micro_records=records)
+        # Its hidden state, head weight, bias and targets are the reference's exact inputs, and in bf16/fp16
+        # the product, the logits gradient and both input gradients are each rounded to the input dtype:
+        # their errors are this one computation's own roundings, judged as a stage's. Not in fp32: there the
+        # error is the accumulation order, which chunking changes wholesale (weight_grad at 1.02x of the
+        # stage bound at seed 3), and it keeps the end-to-end slack.
+        return Claims(module_types={}, param_shards={}, micro_records=records,
+                      stage_local=values["dtype"] != "fp32")
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])

@@ -1,5 +1,6 @@
 """Merge the sensitivity.json of several `parity sensitivity` runs (run_on_device.sh's groups) into one
 sensitivity.json / sensitivity.md, written by the same code as a single run's (parity.sensitivity.write_report).
+A case measured by several runs takes the entry of the last run named (a re-measure after a change).
 
     python results/sensitivity/full/merge.py RUN/sensitivity.json ... --report DIR
 """
@@ -16,7 +17,8 @@ parser.add_argument("runs", nargs="+", type=Path)
 parser.add_argument("--report", required=True, type=Path)
 args = parser.parse_args()
 runs = [json.loads(p.read_text()) for p in args.runs]
-entries = [e for r in runs for e in r["cases"]]
-skipped = [e for r in runs for e in r["skipped"]]
+entries = list({e["id"]: e for r in runs for e in r["cases"]}.values())
+measured = {e["id"] for e in entries}
+skipped = [e for r in runs for e in r["skipped"] if e["id"] not in measured]
 command = " ; ".join(r["command"] for r in runs)
 print(write_report(args.report, entries, skipped, command, max(r["seconds"] for r in runs)))
