@@ -139,7 +139,7 @@ class DeepSpeedFusedLinearCE(Subject):
         # error is the accumulation order, which chunking changes wholesale (weight_grad at 1.02x of the
         # stage bound at seed 3), and it keeps the end-to-end slack.
         return Claims(module_types={}, param_shards={}, micro_records=records,
-                      stage_local=values["dtype"] != "fp32")
+                      stage_local=values.get("dtype") in ("bf16", "fp16"))
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])

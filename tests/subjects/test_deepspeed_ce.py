@@ -94,6 +94,9 @@ def test_claims_name_sharded_records():
     assert fused.claims({"bias": True}).micro_records == {"loss": None, "hidden_grad": None, "weight_grad": 0,
                                                           "bias_grad": 0}
     assert "bias_grad" not in fused.claims({"bias": False}).micro_records
+    # Its low-precision records are one computation from the reference's exact inputs (compare.close).
+    assert fused.claims({"bias": True, "dtype": "bf16"}).stage_local
+    assert not fused.claims({"bias": True, "dtype": "fp32"}).stage_local
 
 
 def test_case_file_covers_uneven_vocab_reductions_and_chunks():
