@@ -30,7 +30,7 @@ from parity.matrix.cases import SelectionError, load, select
 from parity.subjects import SUBJECTS
 
 MIN_EPS = 1e-9
-BISECTIONS = 8  # the log interval [1e-9, 2] narrowed to a factor of about 1.09 (each step is one judging of the case)
+BISECTIONS = 10  # the log interval [1e-9, 2] narrowed to a factor of about 1.02 (each step is one judging of the case)
 
 
 def add_arguments(parser) -> None:
