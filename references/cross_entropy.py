@@ -125,6 +125,13 @@ def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: b
     upstream_objective(loss, upstream, reduction).backward()
     traj = Trajectory()
     traj.put("loss", 0, 0, 0, None, loss)
+    # The loss is float32 (token_losses upcasts). Its one low-precision step is the logits' rounding,
+    # each logit a dot product over the hidden size rounded once, wherever a run splits the vocabulary
+    # or chunks the tokens: an independent per-element error that the reference's own error (and, on a
+    # miss, the rounding samples) measures, not a summation-order effect. What another order changes
+    # (the softmax over vocabulary shards, the sum over tokens) is float32, so that is the floor's dtype.
+    # With the case dtype's floor (16 bf16 units of the loss) a bf16 mean/sum loss hid a 6% scale.
+    traj.floor_dtypes["loss"] = loss.dtype
     traj.put("hidden_grad", 0, 0, 0, None, x.grad)
     traj.put("weight_grad", 0, 0, 0, None, weight.grad)
     if b_ is not None:

@@ -104,7 +104,9 @@ u is the unit roundoff of the *floor dtype*: the least precise rounding on the p
 reference's exact inputs to that tensor (references.trajectory.Trajectory.floor_dtypes): the case
 dtype for everything a training step produces (logits are rounded to it and everything downstream
 inherits that), float32 for a loss the reference computes in float32 from exact case-dtype logits
-(the loss-only subjects, and the stage-local loss below).
+(the loss-only subjects, and the stage-local loss below), and for the fused linear CE's float32 loss,
+whose bf16/fp16 logits are each rounded once whatever the split (an independent error per logit, which
+the reference's own error measures; references/cross_entropy.py: linear_ce_reference).
 
 Stage-local oracles (parity/checks/stages.py): a stage re-evaluated in float64 on the *subject's
 own* inputs to it (its recorded logits and targets -> loss; logits and head weight -> head-input

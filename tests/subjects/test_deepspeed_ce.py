@@ -190,3 +190,18 @@ def test_remainder_on_the_last_rank_is_caught():
         obs[r].tensors[("logits_grad", 0, 0, None)] = full[:, bounds[r]:bounds[r + 1]]
     failed = _failed(subject, VOCAB, obs)
     assert "shard_width[logits_grad]" in failed and "logits_grad" in failed
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_bf16_fused_ce_scalar_loss_catches_a_one_percent_scale(reduction):
+    # The fused CE's loss is float32 from bf16 logits, each rounded once: its floor is float32's, and
+    # the bf16 part is the reference's own error. Under a bf16 floor (16 units of the loss) a 6% scale passed.
+    from parity.checks.tolerances import judge_close
+
+    args = (4321, 40, 35, 16, False, "scattered", torch.bfloat16)
+    ref = linear_ce_reference(*args, reduction=reduction)
+    oracle = linear_ce_reference(*args, F64, reduction=reduction)
+    want, exact = ref.get("loss", 0, 0, 0, None).double().numpy(), oracle.get("loss", 0, 0, 0, None).numpy()
+    floor = ref.floor_dtypes["loss"]
+    assert judge_close(want, want, exact, floor).passed
+    assert not judge_close(want * 1.01, want, exact, floor).passed
