@@ -196,12 +196,7 @@ def test_remainder_on_the_last_rank_is_caught():
 def test_bf16_fused_ce_scalar_loss_catches_a_one_percent_scale(reduction):
     # The fused CE's loss is float32 from bf16 logits, each rounded once: its floor is float32's, and
     # the bf16 part is the reference's own error. Under a bf16 floor (16 units of the loss) a 6% scale passed.
-    from parity.checks.tolerances import judge_close
-
-    args = (4321, 40, 35, 16, False, "scattered", torch.bfloat16)
-    ref = linear_ce_reference(*args, reduction=reduction)
-    oracle = linear_ce_reference(*args, F64, reduction=reduction)
-    want, exact = ref.get("loss", 0, 0, 0, None).double().numpy(), oracle.get("loss", 0, 0, 0, None).numpy()
-    floor = ref.floor_dtypes["loss"]
-    assert judge_close(want, want, exact, floor).passed
-    assert not judge_close(want * 1.01, want, exact, floor).passed
+    subject, values = SUBJECTS["ds_fused_linear_ce"], {**FUSED, "reduction": reduction}
+    assert _failed(subject, values, _observations(subject, values)) == []
+    obs = _observations(subject, values, lambda k, a: a * 1.01 if k == "loss" else a)
+    assert "loss" in _failed(subject, values, obs)
