@@ -53,6 +53,25 @@ def test_element_wise_catches_a_small_entry_under_the_largest(oracle):
     assert not judged.passed and judged.criterion == "element" and judged.index == tuple(int(i) for i in small)
 
 
+def test_a_low_precision_stage_floor_is_one_rounding_and_catches_a_scale_a_unit_hid(oracle):
+    """A bf16 stage accumulates in float32 and rounds each value once: its floor is that rounding, not a
+    whole unit. Another float32 accumulation order (a relative 2^-20) rounded to bf16 passes; a subject
+    bitwise the reference's but scaled by 1.6 units (0.6%) is caught, which the one-unit floor let through."""
+    from parity.checks.tolerances import ONE_ROUNDING_RMS, RMS_FLOOR_ULPS, RMS_SLACK, rms_bound, stage_rms_floor_ulps
+
+    assert stage_rms_floor_ulps("bf16") == stage_rms_floor_ulps("fp16") == ONE_ROUNDING_RMS
+    assert stage_rms_floor_ulps("fp32") == RMS_FLOOR_ULPS  # it computes in its floor dtype: summation order shows
+    ref = rounded(oracle)
+    noise = np.random.default_rng(2).uniform(-1, 1, size=oracle.shape) * 2.0 ** -20
+    assert judge_close(rounded(oracle * (1 + noise)), ref, oracle, "bf16", inherits=False).passed
+    scaled = ref * (1 + 1.6 * BF16_U)
+    judged = judge_close(scaled, ref, oracle, "bf16", inherits=False)
+    assert not judged.passed and judged.criterion == "rms", judged
+    e, scale = float(np.sqrt(np.mean((ref - oracle) ** 2))), float(np.sqrt(np.mean(oracle ** 2)))
+    one_unit_floor = rms_bound(e, BF16_U, scale, inherits=False, floor_ulps=RMS_FLOOR_ULPS)
+    assert judged.measured <= one_unit_floor and RMS_SLACK * e < judged.measured
+
+
 def test_the_floor_is_the_compute_dtype_not_the_case_dtype():
     oracle = np.array(3.25)
     ref = np.array(3.25 + 1e-7)  # a float32 loss from exact bf16 logits
