@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Old against new on this machine, side by side (issue 16's targets), each pair timed A B A B ... by
 # ci/bench_pair.py:
-#   1. the CPU matrix:  A = parity run -j 1 --no-reference-cache (today's harness, kept selectable)
+#   1. the CPU matrix:  A = parity run --baseline (the harness issue 16 found, kept selectable)
 #                       B = parity run (jobs from the cores, shared and overlapped references)
 #   2. the report:      A = the writer of the commit BASE (a `git archive` of it on PYTHONPATH)
 #                       B = this tree's writer, on the same verdict dicts (ci/bench_report.py),
@@ -39,7 +39,7 @@ fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then
   $PY ci/bench_pair.py --label matrix --runs "$RUNS" --warmup "$WARMUP" --log "$WORK/matrix.log" \
-    --a "$PY -m parity.cli run -j 1 --no-reference-cache $SEL" --b "$PY -m parity.cli run $SEL"
+    --a "$PY -m parity.cli run --baseline $SEL" --b "$PY -m parity.cli run $SEL"
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = report ]; then

@@ -134,6 +134,13 @@ def run_cases(args, cases, strict: bool) -> int:
     from parity.harness.runner import default_jobs
     from parity.report.console import Progress, summary_table, write_report
 
+    settings = {}
+    if getattr(args, "baseline", False):
+        from parity.harness.runner import BASELINE_SETTINGS
+
+        if args.jobs > 1 or args.reference_cache:
+            raise UsageError("--baseline is one job with no reference cache: drop -j/--reference-cache")
+        args.jobs, args.no_reference_cache, settings = 1, True, dict(BASELINE_SETTINGS)
     jobs = args.jobs or default_jobs(cases)
     if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
         compare.REFERENCE_CACHE_SIZE = 0
@@ -150,8 +157,8 @@ def run_cases(args, cases, strict: bool) -> int:
         gathered = gatherer.submit(gather_environment)
         gatherer.shutdown(wait=False)
     # After the baseline's cache size is set: job processes take it with them.
-    runner = job_runner(jobs, timeout_s=args.timeout, strict=strict, log_dir=args.logs,
-                        overlap_reference=not args.no_reference_cache)
+    settings.setdefault("overlap_reference", not args.no_reference_cache)
+    runner = job_runner(jobs, timeout_s=args.timeout, strict=strict, log_dir=args.logs, **settings)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (f", {args.passes} passes" if args.passes > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)
@@ -279,9 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "the smallest selected world size, at most one per 6 GiB available; busy ranks never "
                           "outnumber the cores; results are the same for every N)")
     run.add_argument("--no-reference-cache", action="store_true",
-                     help="compute every case's reference afresh, after its ranks are done (the baseline "
-                          "`-j 1 --no-reference-cache` is the harness before references were shared and "
-                          "overlapped with rank work; results are the same)")
+                     help="compute every case's reference afresh, after its ranks are done, as the harness did "
+                          "before references were shared and overlapped with rank work (part of --baseline; "
+                          "results are the same)")
+    run.add_argument("--baseline", action="store_true",
+                     help="the harness as issue 16 found it, for benchmarks: one case at a time, judged after its "
+                          "ranks, references computed afresh, spawned ranks, a peer stuck after a failure waited out "
+                          "for the whole grace (implies -j 1 --no-reference-cache; results are the same)")
     run.add_argument("--reference-cache", metavar="DIR",
                      help="also keep every computed reference in DIR, keyed by a hash of what it depends on "
                           "(its model, training and dtype, the references/ source, torch): later runs, parallel "

@@ -1,9 +1,15 @@
-"""A group of spawned rank processes that runs many cases, one after another.
+"""A group of rank processes that runs many cases, one after another.
 
-Starting a rank group costs seconds (spawn, imports, process group); running a case in a warm
-group costs a fraction of one. A case whose ranks raise, die or hang becomes a RankFailure with
-each rank's traceback (a hung rank's stack is dumped with faulthandler); the group is then torn
-down and the next case gets a fresh one.
+Starting a rank group costs seconds (imports, process group); running a case in a warm group costs
+a fraction of one. A case whose ranks raise, die or hang becomes a RankFailure with each rank's
+traceback (a hung rank's stack is dumped with faulthandler); the group is then torn down and the
+next case gets a fresh one.
+
+Ranks are forked from a forkserver that imported torch once (start_context), not spawned: spawning
+re-imports torch in every rank, and torch.use_deterministic_algorithms imports TorchDynamo and
+Inductor (1.8 s per rank on the 2-core EPYC). A group of two then started in about 3 s, and the
+default matrix starts a group 20 times on that machine (12 of them after a stuck peer, below).
+"spawn" stays selectable (parity run --baseline, the benchmark's old harness).
 """
 from __future__ import annotations
 
@@ -16,13 +22,63 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity.harness.rank_worker import rank_main
+from parity.harness.rank_worker import CPU_RANK_ENV, rank_main
 from parity.harness.timing import pool_phases
 
 START_TIMEOUT_S = 300
 # After one rank fails, how long its peers get to fail too before they are presumed stuck in a
 # collective the failed rank will never join.
 PEER_GRACE_S = 10.0
+# ...unless they are released first: RELEASE_AFTER_S after a rank failed with peers still out, the
+# ranks that already answered are stopped. A peer waiting on one of them in a gloo collective gets
+# "Connection closed by peer" at once and reports it (a RankLost, with the stack of the collective
+# it was in); a peer busy elsewhere is unaffected and answers as it would have. Stopping a rank only
+# touches ranks that need it, and those would have waited the whole grace: the verdict is the same,
+# about 9 s sooner (12 such cases in the default CPU matrix). The window lets a peer read what the
+# failed rank sent before failing, and lets ranks that all fail alike (a rejection) keep their group.
+RELEASE_AFTER_S = 2.0
+# How a released peer's error reads: gloo's TCP transport when the other end of a pair went away.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+START_METHODS = ("forkserver", "spawn")
+# Imported once by the forkserver, so a forked rank has them. The forkserver is made for the device
+# of the first group this process starts. For CPU ranks it starts with a CPU rank's environment
+# (Triton's interpreter must be chosen before triton is imported, and torch's Inductor, which
+# use_deterministic_algorithms imports, imports triton) and also preloads Inductor; a later CUDA
+# group then spawns its ranks. Made for CUDA ranks it preloads only what is device-neutral, for
+# either. DeepSpeed is never preloaded: a rank imports it once its RANK/WORLD_SIZE are set, as a
+# user's process does.
+NEUTRAL_PRELOAD = ["torch", "torch.distributed", "parity.harness.rank_worker"]
+CPU_PRELOAD = ["torch._inductor.config", "torch._inductor.compile_fx"]
+_forkserver_device: str | None = None  # the device the forkserver was made for, once started
+
+
+def start_context(method: str, device: str):
+    """The multiprocessing context a group of ranks on `device` starts from."""
+    global _forkserver_device
+    if method != "forkserver" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if _forkserver_device is None:
+        from multiprocessing import forkserver
+
+        cpu = device == "cpu"
+        env = dict(CPU_RANK_ENV) if cpu else {}
+        ctx.set_forkserver_preload(NEUTRAL_PRELOAD + (CPU_PRELOAD if cpu else []))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the forkserver's environment is this process's when it starts
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        _forkserver_device = "cpu" if cpu else "any"
+    if _forkserver_device == "cpu" and device != "cpu":
+        return mp.get_context("spawn")
+    return ctx
 
 
 @dataclass
@@ -64,8 +120,11 @@ def _tail(path: Path, offset: int, limit: int = 6000) -> str:
 
 
 class RankPool:
-    def __init__(self, world_size: int, device: str = "cpu", log_dir: str | None = None):
+    def __init__(self, world_size: int, device: str = "cpu", log_dir: str | None = None,
+                 start_method: str = "forkserver", release_stuck_peers: bool = True):
         self.world_size = world_size
+        self.start_method = start_method
+        self.release_stuck_peers = release_stuck_peers
         self.device = device
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="parity-ranks-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +138,7 @@ class RankPool:
         import torch.distributed as dist
 
         self.generation += 1
-        ctx = mp.get_context("spawn")
+        ctx = start_context(self.start_method, self.device)
         # port 0: the OS picks a free port and this process keeps it bound for the pool's life.
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.results = ctx.Queue()
@@ -88,7 +147,7 @@ class RankPool:
                      for r in range(self.world_size)]
         self.procs = [ctx.Process(target=rank_main, daemon=True,
                                   args=(r, self.world_size, self.device, self.store.port, self.tasks[r],
-                                        self.results, str(self.logs[r])))
+                                        self.results, str(self.logs[r]), dict(os.environ)))
                       for r in range(self.world_size)]
         for p in self.procs:
             p.start()
@@ -155,12 +214,26 @@ class RankPool:
         deadline = time.monotonic() + timeout_s
         first_error_at = None
         problem = None
+        released: list = []  # ranks stopped to release their peers, in order
+        released_at = None
         while len(outcome.observations) + len(outcome.errors) < self.world_size:
             try:
                 kind, rank, seq, payload, stamp = self.results.get(timeout=0.2)
             except queue.Empty:
+                if not self.procs:  # closed meanwhile (Ctrl-C, or the run stopped): nothing will answer
+                    outcome.broken = True
+                    return outcome
                 now = time.monotonic()
-                dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+                answered = [r for r in (*outcome.observations, *outcome.errors) if r not in released]
+                if (self.release_stuck_peers and first_error_at is not None and answered
+                        and now > (released_at or first_error_at) + RELEASE_AFTER_S):
+                    for r in sorted(answered):
+                        self.procs[r].kill()
+                        self.procs[r].join(timeout=5)
+                    released += sorted(answered)
+                    released_at = now
+                    continue
+                dead = [r for r, p in enumerate(self.procs) if not p.is_alive() and r not in released]
                 if dead:
                     problem = {r: f"rank {r} died (exit code {self.procs[r].exitcode})" for r in dead}
                 elif now > deadline:
@@ -175,6 +248,12 @@ class RankPool:
             stamps[rank] = (stamp, time.monotonic())
             if kind == "ok":
                 outcome.observations[rank] = payload
+            elif released and any(gone in payload["message"] for gone in _PEER_GONE):
+                why = (f"still running after a peer failed: stuck in a collective with rank(s) "
+                       f"{', '.join(map(str, released))}, released when the parent stopped them")
+                outcome.errors[rank] = RankError(rank, "RankLost", why,
+                                                 f"{why}; then it raised {payload['type']}: {payload['message']}\n"
+                                                 f"{payload['traceback']}")
             else:
                 outcome.errors[rank] = RankError(rank, payload["type"], payload["message"], payload["traceback"],
                                                  payload.get("facts") or {})
@@ -190,6 +269,9 @@ class RankPool:
                 outcome.errors[r] = RankError(r, "RankLost", why,
                                               f"{why}; last output of rank {r} (log {self.logs[r]}):\n"
                                               f"{_tail(self.logs[r], offsets[r])}")
+            outcome.broken = True
+            self.close(force=True)
+        elif released:  # the stopped ranks leave the group short: the next case starts a new one
             outcome.broken = True
             self.close(force=True)
         outcome.timing = pool_phases(start_s, sent, stamps, time.monotonic())

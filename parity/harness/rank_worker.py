@@ -17,14 +17,16 @@ import traceback
 from datetime import timedelta
 
 CASE_COLLECTIVE_TIMEOUT_S = 600
+# A CPU rank's environment: DeepSpeed's CPU accelerator, and Liger's Triton kernels in Triton's
+# interpreter (read when triton is imported and kernels are defined).
+CPU_RANK_ENV = {"DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1"}
 
 
 def prepare_process(device: str) -> None:
     """Environment and torch settings every rank process needs, whoever launched it."""
     if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        # Triton kernels (Liger) run in Triton's interpreter on CPU; read when kernels are defined.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        for key, value in CPU_RANK_ENV.items():
+            os.environ.setdefault(key, value)
     else:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     import torch
@@ -82,7 +84,12 @@ def _die_with_parent() -> None:
 
 
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
-              log_path: str) -> None:
+              log_path: str, environ: dict | None = None) -> None:
+    if environ is not None:
+        # A forked rank has the forkserver's environment, from when it started; the parent's is what
+        # counts now (PARITY_MUTANT is set around one mutant's groups, tests set variables).
+        os.environ.clear()
+        os.environ.update(environ)
     log = send_output_to(log_path)
     _die_with_parent()
     # A terminal's Ctrl-C reaches the whole process group; the parent decides what it means (a

@@ -49,9 +49,16 @@ def strict_from_env() -> bool:
     return os.environ.get("PARITY_STRICT", "").lower() in ("1", "true", "yes")
 
 
+# The harness as issue 16 found it, for the benchmark's old side (parity run --baseline, with -j 1
+# and no reference cache): each switch is one thing the new harness does differently.
+BASELINE_SETTINGS = {"overlap_reference": False, "start_method": "spawn", "release_stuck_peers": False,
+                     "pipeline": False}
+
+
 class Runner:
     def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None,
-                 overlap_reference: bool = True, max_live_ranks: int = DEFAULT_MAX_LIVE_RANKS):
+                 overlap_reference: bool = True, max_live_ranks: int = DEFAULT_MAX_LIVE_RANKS,
+                 start_method: str = "forkserver", release_stuck_peers: bool = True, pipeline: bool = True):
         self.timeout_s = timeout_s
         self.max_live_ranks = max_live_ranks
         self.strict = strict
@@ -59,9 +66,18 @@ class Runner:
         # False: the reference is computed after the ranks are done, as the harness did before
         # (parity run --no-reference-cache, the benchmark's baseline).
         self.overlap_reference = overlap_reference
+        # How rank groups start and whether stuck peers are released (parity.harness.rank_pool).
+        self.start_method = start_method
+        self.release_stuck_peers = release_stuck_peers
+        # True: a case is judged in a thread while the ranks run the next one (run_all). On the 2-core
+        # EPYC the ranks of a 2-rank group keep 1.3 cores busy between them (they wait on each other
+        # in collectives), and the comparison was 17% of the default matrix's time, in their gaps.
+        self.pipeline = pipeline
         self.pools: dict = {}
         # One thread computes the next case's reference while the ranks run it (Runner._run).
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
+        self.judge_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-judge")
+        self.rank_thread = None  # made by run_all when pipelining
 
     def pool(self, world_size: int, device: str) -> RankPool:
         """The rank group for this world size and device; self.pools is kept least recently used first."""
@@ -69,7 +85,8 @@ class Runner:
         pool = self.pools.pop(key, None)
         if pool is None:
             self._make_room(world_size)
-            pool = RankPool(world_size, device, self.log_dir)
+            pool = RankPool(world_size, device, self.log_dir, start_method=self.start_method,
+                            release_stuck_peers=self.release_stuck_peers)
         self.pools[key] = pool
         return pool
 
@@ -81,11 +98,16 @@ class Runner:
 
     def close(self, force: bool = False) -> None:
         """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
-        for p in self.pools.values():
+        pools, self.pools = list(self.pools.values()), {}  # the rank thread may be making one
+        for p in pools:
             p.close(force=force)
-        self.pools.clear()
         self.reference_thread.shutdown(wait=not force, cancel_futures=True)
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
+        self.judge_thread.shutdown(wait=not force, cancel_futures=True)
+        self.judge_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-judge")
+        if self.rank_thread is not None:  # a case under way there ends: its group was just closed
+            self.rank_thread.shutdown(wait=False, cancel_futures=True)
+            self.rank_thread = None
 
     def rank_pids(self) -> dict:
         """(world size, device) -> the pids of this runner's live rank groups."""
@@ -101,19 +123,67 @@ class Runner:
         return {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
 
     def run(self, case: Case) -> Verdict:
-        timing: dict = {}
-        verdict = timed_verdict(case, lambda: self._run(case, timing))
+        return self._verdict(case, self._start(case, inline=True))
+
+    def run_all(self, cases):
+        """Yield every case's verdict, in the cases' order, one at a time. With pipeline, the ranks
+        run a case (in the rank thread) while the case before it is judged (in the judge thread),
+        and a verdict is yielded as soon as it is judged: progress and Ctrl-C see it while the
+        next case runs. Several at once are job processes, each a Runner
+        (parity.harness.job_processes.job_runner)."""
+        if not self.pipeline:
+            for case in cases:
+                yield self.run(case)
+            return
+        if self.rank_thread is None:
+            self.rank_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-ranks")
+        judging = None
+        for case in cases:
+            ranked = self.rank_thread.submit(self._start, case, False)
+            if judging is not None:
+                yield self._verdict(*judging)
+            judging = (case, ranked.result())
+        if judging is not None:
+            yield self._verdict(*judging)
+
+    def _verdict(self, case: Case, started) -> Verdict:
+        """The verdict of a case _start began: (Future of the verdict, when it began, its timing)."""
+        future, began, timing = started
+        try:
+            verdict = future.result()
+        except Exception:  # noqa: BLE001 - a harness bug fails this case, not the whole run
+            verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
+            verdict.seconds = time.monotonic() - began
+        verdict.env = repro_env(case)
         verdict.strict = self.strict
         verdict.timing = close_case(timing, verdict.seconds)
         return verdict
 
-    def run_all(self, cases):
-        """Yield every case's verdict, in the cases' order, one at a time. Several at once are job
-        processes, each a Runner (parity.harness.job_processes.job_runner)."""
-        for case in cases:
-            yield self.run(case)
+    def _start(self, case: Case, inline: bool):
+        """Run the case's ranks here (they are what the cores are for), then judge it in the judge
+        thread, or here when inline; returns what _verdict needs."""
+        began, timing = time.monotonic(), {}
 
-    def _run(self, case: Case, timing: dict) -> Verdict:
+        def done(verdict: Verdict) -> Verdict:
+            verdict.seconds = time.monotonic() - began
+            return verdict
+
+        try:
+            ranked = self._run_ranks(case, timing)
+        except Exception:  # noqa: BLE001
+            ranked = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
+        if isinstance(ranked, Verdict):
+            return _inline(done, ranked), began, timing
+        outcome, mode, reference = ranked
+
+        def judged() -> Verdict:
+            return done(judge(case, outcome, self.strict, mode, reference=reference, timing=timing))
+
+        return (_inline(judged) if inline else self.judge_thread.submit(judged)), began, timing
+
+    def _run_ranks(self, case: Case, timing: dict):
+        """The case's PoolOutcome, the group's mode and the reference under way; or its Verdict
+        when no rank runs it (a skip, a group that failed to start)."""
         skipped = skip_verdict(case, self.strict)
         if skipped:
             return skipped
@@ -128,7 +198,7 @@ class Runner:
         except PoolStartError as exc:
             return Verdict(case, FAILED, reason=str(exc))
         timing.update(outcome.timing)
-        return judge(case, outcome, self.strict, pool.mode, reference=reference, timing=timing)
+        return outcome, pool.mode, reference
 
 
 # -- judging: shared by the self-spawning Runner and the torchrun launcher (parity/torchrun_launch.py) --

@@ -7,7 +7,7 @@ from parity.harness.runner import Runner
 class _FakePool:
     closed: list = []
 
-    def __init__(self, world_size, device, log_dir=None):
+    def __init__(self, world_size, device, log_dir=None, **settings):
         self.world_size, self.device = world_size, device
 
     def close(self, force=False):
