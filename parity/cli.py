@@ -163,10 +163,17 @@ def run_cases(args, cases, strict: bool) -> int:
           + (f", {args.passes} passes" if args.passes > 1 else "")
           + (" (strict: skips fail)" if strict else ""), flush=True)
     any_failed, interrupted = False, False
+    stream = None
+    if args.report:
+        from parity.report.stream import ReportStream
+
+        stream = ReportStream()  # each case's share of the report, made while the next cases run
     try:
         for number in range(1, args.passes + 1):
             start = time.monotonic()
-            verdicts, not_run, interrupted = run_pass(args, runner, cases, Progress(len(cases)))
+            if stream:
+                stream.reset()
+            verdicts, not_run, interrupted = run_pass(args, runner, cases, Progress(len(cases)), stream)
             wall = time.monotonic() - start
             any_failed |= any(v.status == FAILED for v in verdicts)
             if args.passes > 1 and not interrupted:
@@ -179,6 +186,8 @@ def run_cases(args, cases, strict: bool) -> int:
         # A second Ctrl-C while the first one's partial results were gathered (or any error): the
         # ranks and jobs are killed now, not waited for while they finish their batches.
         runner.close(force=True)
+        if stream:
+            stream.close()
         raise
     cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
     runner.close(force=interrupted)
@@ -188,10 +197,11 @@ def run_cases(args, cases, strict: bool) -> int:
     if args.report:
         from parity.harness.timing import phase
 
-        with phase(report_timing, "verdict dicts"):
-            records = [v.as_dict() for v in verdicts]
+        with phase(report_timing, "verdict dicts"):  # what the stream has not made yet
+            records, texts = stream.parts(len(verdicts))
+        stream.close()
         write_report(args.report, records, wall, ["parity", *args.argv], not_run=not_run,
-                     interrupted=interrupted, timing=report_timing, gathered=gathered.result())
+                     interrupted=interrupted, timing=report_timing, gathered=gathered.result(), results_texts=texts)
         print(f"wrote {args.report}/: summary.json, results.jsonl, summary.md, report.html"
               + (" (partial: interrupted)" if interrupted else ""))
     if args.profile:
@@ -207,14 +217,17 @@ def run_cases(args, cases, strict: bool) -> int:
     return 1 if any_failed else 0
 
 
-def run_pass(args, runner, cases, progress) -> tuple[list, list, bool]:
-    """Every selected case once: (verdicts, cases not run with why, interrupted by Ctrl-C)."""
+def run_pass(args, runner, cases, progress, stream=None) -> tuple[list, list, bool]:
+    """Every selected case once: (verdicts, cases not run with why, interrupted by Ctrl-C); each
+    verdict also goes to the report's stream, where there is one."""
     from parity.checks.verdict import FAILED
 
     verdicts, not_run = [], []
     try:
         for i, verdict in enumerate(runner.run_all(cases)):
             verdicts.append(verdict)
+            if stream:
+                stream.add(verdict)
             progress.update(verdict)
             failures = sum(v.status == FAILED for v in verdicts)
             if args.maxfail and failures >= args.maxfail and i + 1 < len(cases):

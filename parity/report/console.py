@@ -112,7 +112,8 @@ def gather_environment() -> tuple:
 
 def write_report(directory, records: list[dict], wall_s: float, argv: list[str] | None = None, not_run=(),
                  launcher: str | None = None, interrupted: bool = False, timing: dict | None = None,
-                 gathered: tuple | None = None, workers: int | None = None) -> None:
+                 gathered: tuple | None = None, workers: int | None = None,
+                 results_texts: list[str] | None = None) -> None:
     """Write DIR/summary.json, results.jsonl, summary.md and report.html from verdict dicts
     (Verdict.as_dict()), whichever process produced them. not_run: {"id", "reason"} of selected
     cases this launch could not run (torchrun: another world size; -x; Ctrl-C); launcher: set when
@@ -120,8 +121,9 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     the seconds of each part are added (parity run --profile; as this process spent them, waiting
     for a worker included); gathered: gather_environment()'s answer when the caller had it made
     while the cases ran; workers: processes that write results.jsonl and draw report.html's
-    figures meanwhile (None: parity.report.workers.default_workers(); 0: all done here, in turn).
-    The files are the same bytes either way."""
+    figures meanwhile (None: parity.report.workers.default_workers(); 0: all done here, in turn);
+    results_texts: each record's lines of results.jsonl, already made while the cases ran
+    (parity.report.stream). The files are the same bytes either way."""
     from parity.harness.timing import phase
     from parity.report.html import figure_parts, gather_figures, report_html
     from parity.report.plots import preload
@@ -135,11 +137,16 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     with Parts(records, workers) as parts:
         # results.jsonl first (the longest part), then the case figures in small parts that
         # whichever worker is free takes: two per worker keeps them all busy to about the end.
-        results = parts.submit(write_results, str(directory / "results.jsonl"))
+        if results_texts is None:
+            results = parts.submit(write_results, str(directory / "results.jsonl"))
+        else:
+            with phase(timing, "results.jsonl"), open(directory / "results.jsonl", "w") as out:
+                out.writelines(results_texts)
         figures = [(name, parts.submit(task, *args)) for name, task, args in figure_parts(records, 2 * max(1, workers))]
         run = _write_summaries(directory, records, wall_s, argv, not_run, launcher, interrupted, timing, gathered)
-        with phase(timing, "results.jsonl"):
-            results.result()
+        if results_texts is None:
+            with phase(timing, "results.jsonl"):
+                results.result()
         with phase(timing, "figures"):
             drawn = gather_figures([(name, part.result()) for name, part in figures])
     with phase(timing, "report.html"):
@@ -148,17 +155,14 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
 
 def write_results(records: list[dict], path: str) -> int:
     """results.jsonl (a report part: parity.report.workers); returns how many lines it wrote."""
-    from parity.report import environment as env
-    from parity.report.records import result_lines
+    from parity.report.stream import encoder, results_text
 
-    # One encoder for every line: json.dumps with options builds a new one per call.
-    encode = json.JSONEncoder(default=str, separators=(",", ":")).encode
-    lines = 0
+    encode, lines = encoder(), 0
     with open(path, "w") as out:
         for record in records:
-            rows = result_lines(record)
-            out.writelines(encode({"schema_version": env.SCHEMA_VERSION, **row}) + "\n" for row in rows)
-            lines += len(rows)
+            text = results_text(record, encode)
+            out.write(text)
+            lines += text.count("\n")
     return lines
 
 

@@ -1,9 +1,10 @@
 """The report files of a fixed set of verdict dicts are, byte for byte, what the writer made of them
 before it was made faster (tests/report/writer_golden.py; data/writer-golden/). The PNGs inside
 report.html depend on the plotting libraries' versions, so they are compared apart, and only where
-those versions are the ones the golden files were made with. Both ways of writing are compared: all
-in this process, and results.jsonl and the figures in two forked workers while this process writes
-the rest (parity.report.workers)."""
+those versions are the ones the golden files were made with. Every way of writing is compared: all
+in this process; results.jsonl and the figures in two forked workers while this process writes
+the rest (parity.report.workers); and results.jsonl's lines made case by case as verdicts arrive
+(parity.report.stream, as parity run --report does)."""
 import gzip
 import json
 import re
@@ -16,10 +17,20 @@ from tests.report import writer_golden
 PNG = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in_process", "2_workers"])
+@pytest.fixture(scope="module", params=[0, 2, "streamed"], ids=["in_process", "2_workers", "streamed"])
 def written(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("writer-golden")
-    writer_golden.write(directory, workers=request.param)
+    if request.param == "streamed":
+        from parity.report.stream import ReportStream
+
+        stream = ReportStream()
+        for record in writer_golden.records():
+            stream.add(record)
+        _, texts = stream.parts()
+        stream.close()
+        writer_golden.write(directory, workers=2, results_texts=texts)
+    else:
+        writer_golden.write(directory, workers=request.param)
     return directory
 
 
