@@ -98,8 +98,8 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
             batch = tasks.get()
             if batch is None:
                 break
-            for index, case in batch:
-                verdict = runner.run(case)
+            # run_all: a batch's cases are judged while the ranks run the next one (Runner.pipeline)
+            for (index, case), verdict in zip(batch, runner.run_all([case for _, case in batch])):
                 try:
                     payload = pickle.dumps(verdict)
                 except Exception:  # noqa: BLE001 - an unpicklable verdict must not vanish in the queue's feeder thread
