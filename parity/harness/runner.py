@@ -74,7 +74,7 @@ class Runner:
         # in collectives), and the comparison was 17% of the default matrix's time, in their gaps.
         self.pipeline = pipeline
         self.pools: dict = {}
-        # One thread computes the next case's reference while the ranks run it (Runner._run).
+        # One thread computes the next case's reference while the ranks run it (Runner._run_ranks).
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
         self.judge_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-judge")
         self.rank_thread = None  # made by run_all when pipelining
