@@ -126,8 +126,8 @@ moves the float32 accumulator by float32 units, 2^16 (bf16) or 2^13 (fp16) times
 dtype's, and what a correct run can add to a reference that happens to be exact is one rounding of
 each value: ONE_ROUNDING_RMS units by definition. (A row-parallel head, whose partial sums are
 rounded to the case dtype before the all-reduce, has no logits or head-gradient stage: README
-"Tolerances".) A full unit there was twice what it models, and it set the detection threshold of a subject whose stage error equals the reference's: the fused
-linear CE's bf16 gradients, bitwise the reference's, caught a scale only from 0.0101-0.0103 (stage
+"Tolerances".) A full unit there was twice what it models, and it set the detection threshold of a
+subject whose stage error equals the reference's: the fused linear CE's bf16 gradients, bitwise the reference's, caught a scale only from 0.0101-0.0103 (stage
 bound 2 x 0.75 + 1 units); with the one-rounding floor, 2 x 0.75 + 0.58. Measured on correct subjects
 (the default CPU matrix, seed 0, on the EPYC): the worst bf16 stage RMS check at 0.67 of the smaller
 bound (0.51 of the old), fp32's unchanged.

@@ -40,7 +40,6 @@ RELEASE_AFTER_S = 2.0
 # How a released peer's error reads: gloo's TCP transport when the other end of a pair went away.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
-START_METHODS = ("forkserver", "spawn")
 # Imported once by the forkserver, so a forked rank has them. The forkserver is made for the device
 # of the first group this process starts. For CPU ranks it starts with a CPU rank's environment
 # (Triton's interpreter must be chosen before triton is imported, and torch's Inductor, which

@@ -137,15 +137,15 @@ def write_report(directory, records: list[dict], wall_s: float, argv: list[str] 
     with Parts(records, workers) as parts:
         # results.jsonl first (the longest part), then the case figures in small parts that
         # whichever worker is free takes: two per worker keeps them all busy to about the end.
-        if results_texts is None:
-            results = parts.submit(write_results, str(directory / "results.jsonl"))
-        else:
-            with phase(timing, "results.jsonl"), open(directory / "results.jsonl", "w") as out:
-                out.writelines(results_texts)
+        # Lines the stream already made only need writing out.
+        results = None if results_texts is not None else parts.submit(write_results, str(directory / "results.jsonl"))
         figures = [(name, parts.submit(task, *args)) for name, task, args in figure_parts(records, 2 * max(1, workers))]
         run = _write_summaries(directory, records, wall_s, argv, not_run, launcher, interrupted, timing, gathered)
-        if results_texts is None:
-            with phase(timing, "results.jsonl"):
+        with phase(timing, "results.jsonl"):
+            if results is None:
+                with open(directory / "results.jsonl", "w") as out:
+                    out.writelines(results_texts)
+            else:
                 results.result()
         with phase(timing, "figures"):
             drawn = gather_figures([(name, part.result()) for name, part in figures])

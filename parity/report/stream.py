@@ -6,7 +6,7 @@ the 2-core EPYC, of 6.4 s for the default matrix: the verdict dicts 1.1 s, resul
 Each depends on its own case alone, so nothing waits for the run to end; what is left for the end
 (parity.report.console.write_report) is what needs every case: the summaries, the figures of the
 failing and nearest cases, report.html. The lines are the bytes write_results makes from the same
-dicts (tests/report/test_stream.py).
+dicts (tests/report/test_writer_golden.py writes the golden report through the stream).
 """
 from __future__ import annotations
 
