@@ -16,7 +16,7 @@ from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
-from parity.checks.tolerances import ROUNDING_SAMPLES, judge_close, sgd_identity_bound
+from parity.checks.tolerances import ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound
 from references.trajectory import Trajectory
 
 @dataclass
@@ -529,6 +529,7 @@ class Comparison:
     def check_step(self, step: int) -> None:
         lr = self.train.lr
         names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
+        coefficient_error = self.clip_coefficient_error(step, names)
         for rank, o in sorted(self.obs.items()):
             for name in names:
                 ref_g = self._param_view(name, self.reference.get("grad", step, None, None, name).numpy(), rank,
@@ -560,7 +561,7 @@ class Comparison:
                     continue  # already failed above, as not observed or of the wrong shape
                 self.check_weight_moved(name, got_w, prev, oracle_moves, step, rank)
                 self.check_sgd_identity(name, prev, got_g * self.clip_coefficient(o, step), got_w, lr, step, rank,
-                                        clipped=self.train.clip > 0)
+                                        clipped=self.train.clip > 0, coefficient_error=coefficient_error)
             if self.claims.reports_grad_norm:
                 self.close("grad_norm", o.get("grad_norm", step, None, None),
                            self.reference.get("grad_norm", step, None, None, None).numpy(),
@@ -648,7 +649,25 @@ class Comparison:
             norm = self.oracle.get("grad_norm", step, None, None, None).numpy()
         return min(1.0, self.train.clip / (float(norm) + 1e-6))
 
-    def check_sgd_identity(self, name, prev, grad, new, lr, step, rank, clipped=False) -> None:
+    def clip_coefficient_error(self, step, names) -> float:
+        """clip_coefficient's relative error against the subject's own factor (tolerances.clip_coefficient_error)."""
+        if self.train.clip <= 0 or self.claims.reports_grad_norm:
+            return 0.0
+        pieces = []
+        dp0 = min(o.dp_rank for o in self.obs.values())
+        for rank, o in sorted(self.obs.items()):
+            for name in names:
+                # every entry once: one data-parallel replica, a replicated parameter from TP rank 0
+                if o.dp_rank != dp0 or (self.claims.param_shards.get(name) is None and o.tp_rank != 0):
+                    continue
+                got = o.get("grad", step, None, name)
+                oracle = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
+                                          self.reference)
+                if got is not None and got.shape == oracle.shape:  # else grad[...] has failed already
+                    pieces.append((got, oracle))
+        return clip_coefficient_error(False, pieces)
+
+    def check_sgd_identity(self, name, prev, grad, new, lr, step, rank, clipped=False, coefficient_error=0.0) -> None:
         if self.dtype == "fp32" and not clipped:
             # SGD without momentum is p.add_(g, alpha=-lr) in float32: redo that very operation.
             want = torch.from_numpy(prev).float().add(torch.from_numpy(grad).float(), alpha=-lr).double().numpy()
@@ -662,7 +681,8 @@ class Comparison:
         # after: scale by the larger (weights that shrink in a step made a bound of |new| too tight,
         # found by parity explore --seed 2 on a 2-row embedding).
         scale = float(max(np.max(np.abs(new)), np.max(np.abs(prev)))) if new.size else 0.0
-        bound = sgd_identity_bound(self.dtype, scale, clipped)
+        update = float(np.max(np.abs(lr * grad))) if new.size else 0.0
+        bound = sgd_identity_bound(self.dtype, scale, clipped, update, coefficient_error)
         self.add(f"sgd_update[{name}]", measured <= bound, step=step, rank=rank, measured=measured, bound=bound)
 
     def check_replicas_agree(self) -> None:

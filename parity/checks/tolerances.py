@@ -379,7 +379,20 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     return Judgement(all(j.passed for j in results), worst.criterion, worst.measured, worst.bound, worst.index)
 
 
-def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False) -> float:
+# A clipped update is w - lr * (g * c), with c = clip / (norm + 1e-6) computed by the subject in
+# float32. Beside the weight's own roundings (above), each of these is relative to the update, not
+# to the weight, and dominates where the weight is small beside its update (parity explore
+# --seed 1: a 2-row tied embedding whose padding row starts at zero, 3.4 units of the update):
+# the eps add and the divide making c, g * c, the cast of lr to float32 and lr * (g * c): one
+# float32 rounding each.
+CLIP_UPDATE_UNITS = 5
+
+
+def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False, update_scale: float = 0.0,
+                       coefficient_error: float = 0.0) -> float:
+    """How far w' may be from w - lr g (g already multiplied by the check's clipping coefficient).
+    update_scale: max |lr g|; coefficient_error: the relative error of the check's coefficient
+    against the subject's own (clip_coefficient_error). Both matter only when clipped."""
     if dtype_name == "fp32" and not clipped:
         return 0.0
     # bf16/fp16: the master weight is within half a unit of the model weight, plus the cast back:
@@ -387,7 +400,33 @@ def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = Fal
     # weight_scale: the larger magnitude of the weights before and after the update (the master's
     # half unit is relative to the weight before, the cast's to the weight after).
     units = (2 if dtype_name != "fp32" else 0) + (2 if clipped else 0)
-    return units * unit_roundoff(dtype_name) * weight_scale
+    bound = units * unit_roundoff(dtype_name) * weight_scale
+    if clipped:
+        bound += (CLIP_UPDATE_UNITS * unit_roundoff("fp32") + coefficient_error) * update_scale
+    return bound
+
+
+def clip_coefficient_error(reports_norm: bool, pieces) -> float:
+    """Relative error of the clipping coefficient the check uses against the one the subject used.
+
+    With the subject's own reported norm the check's coefficient is the subject's up to the roundings
+    CLIP_UPDATE_UNITS counts: 0. Otherwise the check takes the oracle's norm, and the subject's
+    differs from it by (i) its gradients' distance from the oracle's: | ||g|| - ||g*|| | <= ||g - g*||
+    (the triangle inequality), over the whole model, so pieces must be the (subject, oracle) gradients
+    of every trained parameter, each entry once (one data-parallel replica; a replicated parameter
+    from one rank); and (ii) its float32 sum of squares of n entries and the square root:
+    gamma(n, u) + one unit. A relative error of the norm is one of the coefficient clip / norm."""
+    if reports_norm:
+        return 0.0
+    n, distance, scale = 0, 0.0, 0.0
+    for got, oracle in pieces:
+        n += oracle.size
+        distance += float(np.sum(np.square(got - oracle)))
+        scale += float(np.sum(np.square(oracle)))
+    if scale == 0:
+        return 0.0  # no gradient, nothing to clip: the coefficient is 1 on both sides
+    u32 = unit_roundoff("fp32")
+    return float(np.sqrt(distance / scale)) + gamma(n, u32) + u32
 
 
 # -- Reading the ratios (reports and run comparison; nothing here decides a verdict) ------------
