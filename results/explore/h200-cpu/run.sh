@@ -2,8 +2,10 @@
 # parity explore on the H200 host's 16 CPU cores, as sent with the `device` tool (carry [".whl"]):
 # one explore per seed, side by side (each draws rank groups of at most 4, so four fit the cores).
 # Usage, from the repo root there: bash results/explore/h200-cpu/run.sh OUT BUDGET SEED...
+# Everything lands in OUT/explore.tgz: the device tool brings back only a few files per call.
 set -u
-out=$1; budget=$2; shift 2
+dest=$1; budget=$2; shift 2
+out=/tmp/explore-out; rm -rf "$out"; mkdir -p "$out"
 [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 { date -u; lscpu | grep -E "Model name|^CPU\(s\)"; git log -1 --format=%H 2>/dev/null
@@ -15,3 +17,5 @@ for seed in "$@"; do
       > "$out/seed$seed/explore.log" 2> "$out/seed$seed/stderr.log"; echo "rc $?" >> "$out/seed$seed/explore.log" ) &
 done
 wait
+for seed in "$@"; do tail -n 25 "$out/seed$seed/explore.log"; done
+tar -czf "$dest/explore.tgz" -C "$out" .
