@@ -529,7 +529,8 @@ class Comparison:
     def check_step(self, step: int) -> None:
         lr = self.train.lr
         names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
-        coefficient_error = self.clip_coefficient_error(step, names)
+        observed = self.observed_grad_norm(step) if self.train.clip > 0 else None
+        coefficient_error = clip_coefficient_error(self.claims.reports_grad_norm, observed[1]) if observed else 0.0
         for rank, o in sorted(self.obs.items()):
             for name in names:
                 ref_g = self._param_view(name, self.reference.get("grad", step, None, None, name).numpy(), rank,
@@ -560,7 +561,8 @@ class Comparison:
                 if got_w is None or prev is None or got_g is None or not got_w.shape == prev.shape == got_g.shape:
                     continue  # already failed above, as not observed or of the wrong shape
                 self.check_weight_moved(name, got_w, prev, oracle_moves, step, rank)
-                self.check_sgd_identity(name, prev, got_g * self.clip_coefficient(o, step), got_w, lr, step, rank,
+                self.check_sgd_identity(name, prev, got_g * self.clip_coefficient(o, step, observed), got_w, lr,
+                                        step, rank,
                                         clipped=self.train.clip > 0, coefficient_error=coefficient_error)
             if self.claims.reports_grad_norm:
                 self.close("grad_norm", o.get("grad_norm", step, None, None),
@@ -639,33 +641,41 @@ class Comparison:
         weight_step = np.abs(ref("weight", step) - ref("weight", step - 1))
         return bool(np.all((master_step < weight_step)[ref_moved]))
 
-    def clip_coefficient(self, o, step) -> float:
-        """The clipping factor: from the subject's own norm where it reports one, else the oracle's
-        (then the weights check is what holds the subject to it). 1 without clipping."""
+    def clip_coefficient(self, o, step, observed=None) -> float:
+        """The clipping factor: from the subject's own norm where it reports one, else from the norm of
+        its own recorded gradients (observed_grad_norm), so that the identity holds the update to the
+        subject's gradients whether or not they are right (the grad and weight checks hold them to
+        the oracle); the oracle's only where a gradient was not recorded (grad[...] fails then).
+        1 without clipping."""
         if self.train.clip <= 0:
             return 1.0
         norm = o.get("grad_norm", step, None, None) if self.claims.reports_grad_norm else None
+        if norm is None and observed is not None:
+            norm = observed[0]
         if norm is None:
             norm = self.oracle.get("grad_norm", step, None, None, None).numpy()
         return min(1.0, self.train.clip / (float(norm) + 1e-6))
 
-    def clip_coefficient_error(self, step, names) -> float:
-        """clip_coefficient's relative error against the subject's own factor (tolerances.clip_coefficient_error)."""
-        if self.train.clip <= 0 or self.claims.reports_grad_norm:
-            return 0.0
-        pieces = []
+    def observed_grad_norm(self, step) -> tuple[float, int] | None:
+        """The global norm of the subject's own recorded gradients at this step, in float64, and the
+        number of entries in it: every trained parameter's gradient once (one data-parallel replica,
+        a replicated parameter from TP rank 0, each shard from its rank). None where one is missing
+        or misshapen (grad[...] fails then)."""
+        names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
         dp0 = min(o.dp_rank for o in self.obs.values())
+        squares, entries = 0.0, 0
         for rank, o in sorted(self.obs.items()):
             for name in names:
-                # every entry once: one data-parallel replica, a replicated parameter from TP rank 0
                 if o.dp_rank != dp0 or (self.claims.param_shards.get(name) is None and o.tp_rank != 0):
                     continue
                 got = o.get("grad", step, None, name)
-                oracle = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
-                                          self.reference)
-                if got is not None and got.shape == oracle.shape:  # else grad[...] has failed already
-                    pieces.append((got, oracle))
-        return clip_coefficient_error(False, pieces)
+                want = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
+                                        self.reference)
+                if got is None or got.shape != want.shape:
+                    return None
+                squares += float(np.sum(np.square(got.astype(np.float64))))
+                entries += got.size
+        return float(np.sqrt(squares)), entries
 
     def check_sgd_identity(self, name, prev, grad, new, lr, step, rank, clipped=False, coefficient_error=0.0) -> None:
         if self.dtype == "fp32" and not clipped:

@@ -406,27 +406,19 @@ def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = Fal
     return bound
 
 
-def clip_coefficient_error(reports_norm: bool, pieces) -> float:
+def clip_coefficient_error(reports_norm: bool, entries: int) -> float:
     """Relative error of the clipping coefficient the check uses against the one the subject used.
 
     With the subject's own reported norm the check's coefficient is the subject's up to the roundings
-    CLIP_UPDATE_UNITS counts: 0. Otherwise the check takes the oracle's norm, and the subject's
-    differs from it by (i) its gradients' distance from the oracle's: | ||g|| - ||g*|| | <= ||g - g*||
-    (the triangle inequality), over the whole model, so pieces must be the (subject, oracle) gradients
-    of every trained parameter, each entry once (one data-parallel replica; a replicated parameter
-    from one rank); and (ii) its float32 sum of squares of n entries and the square root:
-    gamma(n, u) + one unit. A relative error of the norm is one of the coefficient clip / norm."""
+    CLIP_UPDATE_UNITS counts: 0. Otherwise the check computes the norm in float64 from the subject's
+    own recorded gradients (Comparison.observed_grad_norm), and the subject's float32 sum of squares
+    of ``entries`` values and its square root are within e = gamma(n, u) + one unit of it, relative;
+    the coefficient clip / n (min(1, clip / n) moves less) within e / (1 - e)."""
     if reports_norm:
         return 0.0
-    n, distance, scale = 0, 0.0, 0.0
-    for got, oracle in pieces:
-        n += oracle.size
-        distance += float(np.sum(np.square(got - oracle)))
-        scale += float(np.sum(np.square(oracle)))
-    if scale == 0:
-        return 0.0  # no gradient, nothing to clip: the coefficient is 1 on both sides
     u32 = unit_roundoff("fp32")
-    return float(np.sqrt(distance / scale)) + gamma(n, u32) + u32
+    e = gamma(max(entries, 1), u32) + u32
+    return e / (1 - e)
 
 
 # -- Reading the ratios (reports and run comparison; nothing here decides a verdict) ------------
