@@ -547,9 +547,18 @@ class Comparison:
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool(np.any(orc_g != 0))
                 if got_g is not None:
-                    self.add(f"grad_nonzero[{name}]", bool(np.any(got_g != 0)) == oracle_moves, step=step,
-                             rank=rank, detail=f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "
-                                               f"oracle's {'nonzero' if oracle_moves else 'all zeros'}")
+                    moves = bool(np.any(got_g != 0))
+                    # All zeros where the oracle's gradient is a cancelling sum smaller than the rounding
+                    # the case dtype allows it: the grad check's own bound admits zero there, and a correct
+                    # low-precision run can cancel exactly (parity explore --seed 2: a spec'd embedding's
+                    # row proj in bf16, vocabulary 2, hidden 2, whose oracle gradient is 1e-5 of terms
+                    # 1e-3; the bf16 reference's is 50% off it). Zero must then pass that bound itself.
+                    unresolved = (oracle_moves and not moves and got_g.shape == orc_g.shape
+                                  and judge_close(np.zeros_like(orc_g), ref_g, orc_g, self.dtype).passed)
+                    self.add(f"grad_nonzero[{name}]", moves == oracle_moves or unresolved, step=step, rank=rank,
+                             detail=("gradient all zeros, within its bound of the oracle's" if unresolved else
+                                     f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "
+                                     f"oracle's {'nonzero' if oracle_moves else 'all zeros'}"))
                 ref_w = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                          self.reference)
                 orc_w = self._param_view(name, self.oracle.get("weight", step, None, None, name).numpy(), rank,

@@ -275,3 +275,14 @@ def test_the_coefficient_error_holds_a_float32_norm_against_the_float64_one(entr
     norm64 = float(np.linalg.norm(values.astype(np.float64)))
     assert abs(norm64 / norm32 - 1) <= clip_coefficient_error(False, entries)
     assert clip_coefficient_error(True, entries) == 0.0
+
+
+def test_zero_is_within_the_bound_of_a_cancelled_gradient_only():
+    """grad_nonzero (Comparison.check_step) accepts an all-zero gradient where the oracle's is nonzero
+    only if zero passes the grad check's own bound: a bf16 gradient that cancels to 1e-5 of its terms,
+    where the bf16 reference itself is 50% off (parity explore --seed 2), but not an ordinary one."""
+    oracle = np.array([[-3.6e-7, -3.1e-6], [1.9e-6, 1.6e-5]])
+    cancelled_ref = oracle * np.array([[0.98, 0.98], [1.49, 1.49]])
+    assert judge_close(np.zeros_like(oracle), cancelled_ref, oracle, "bf16").passed
+    ordinary = np.random.default_rng(0).normal(size=(2, 2)) * 1e-3
+    assert not judge_close(np.zeros_like(ordinary), rounded(ordinary), ordinary, "bf16").passed
