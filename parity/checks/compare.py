@@ -529,7 +529,7 @@ class Comparison:
     def check_step(self, step: int) -> None:
         lr = self.train.lr
         names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
-        observed = self.observed_grad_norm(step) if self.train.clip > 0 else None
+        observed = self.observed_grad_norm(step, names) if self.train.clip > 0 else None
         coefficient_error = clip_coefficient_error(self.claims.reports_grad_norm, observed[1]) if observed else 0.0
         for rank, o in sorted(self.obs.items()):
             for name in names:
@@ -665,12 +665,11 @@ class Comparison:
             norm = self.oracle.get("grad_norm", step, None, None, None).numpy()
         return min(1.0, self.train.clip / (float(norm) + 1e-6))
 
-    def observed_grad_norm(self, step) -> tuple[float, int] | None:
+    def observed_grad_norm(self, step, names) -> tuple[float, int] | None:
         """The global norm of the subject's own recorded gradients at this step, in float64, and the
-        number of entries in it: every trained parameter's gradient once (one data-parallel replica,
-        a replicated parameter from TP rank 0, each shard from its rank). None where one is missing
-        or misshapen (grad[...] fails then)."""
-        names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
+        number of entries in it: every trained parameter's gradient (``names``, the step's) once (one
+        data-parallel replica, a replicated parameter from TP rank 0, each shard from its rank). None
+        where one is missing or misshapen (grad[...] fails then)."""
         dp0 = min(o.dp_rank for o in self.obs.values())
         squares, entries = 0.0, 0
         for rank, o in sorted(self.obs.items()):

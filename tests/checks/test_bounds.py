@@ -7,7 +7,8 @@ import torch
 
 from parity.checks import perturb
 from parity.checks.compare import compare, reference_pair
-from parity.checks.tolerances import judge_close, parity_bound, unit_roundoff
+from parity.checks.tolerances import (clip_coefficient_error, judge_close, parity_bound, sgd_identity_bound,
+                                      unit_roundoff)
 from parity.matrix.cases import load
 from parity.observe.observations import RankObservations
 from parity.subjects import SUBJECTS
@@ -234,8 +235,6 @@ def clipped_fp32_step(seed: int, lr_error: float = 0.0):
     tied embedding does (parity explore --seed 1). Returns, for that row: the distance from the
     float64 identity w - lr g c, c from the norm of the subject's recorded gradient as the check
     computes it, and the old and the new bound."""
-    from parity.checks.tolerances import clip_coefficient_error, sgd_identity_bound
-
     rng = np.random.default_rng(seed)
     oracle_g = rng.normal(size=(2, 2)) * 1e-2
     w0 = np.zeros((2, 2))
@@ -268,8 +267,6 @@ def test_the_clipped_update_bound_catches_a_learning_rate_off_by_ten_parts_per_m
 
 @pytest.mark.parametrize("entries", [4, 1000, 100000])
 def test_the_coefficient_error_holds_a_float32_norm_against_the_float64_one(entries):
-    from parity.checks.tolerances import clip_coefficient_error
-
     values = np.random.default_rng(entries).normal(size=entries).astype(np.float32)
     norm32 = float(torch.linalg.vector_norm(torch.from_numpy(values)))
     norm64 = float(np.linalg.norm(values.astype(np.float64)))
