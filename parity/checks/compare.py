@@ -111,12 +111,13 @@ class Comparison:
         # torch's own 0/0 (a mean over targets that are all ignored) is nan in the oracle: the subject
         # must give nan at exactly those places, and finite values within the bound everywhere else.
         expected_nan = np.isnan(oracle)
-        if not np.array_equal(np.isnan(got), expected_nan):
+        if (np.isnan(got) != expected_nan).any():  # shapes are equal: array_equal's checks would be spent
             detail = (f"nan where unsharded torch gives a number ({int((np.isnan(got) & ~expected_nan).sum())}), "
                       f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
             self.add(name, False, detail=detail, **where)
             return
-        if expected_nan.any():
+        any_nan = bool(expected_nan.any())
+        if any_nan:
             keep = ~expected_nan
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
             if sampled is not None:
@@ -126,9 +127,9 @@ class Comparison:
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
         stage_local = name.endswith("[stage]") or self.claims.stage_local
         judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local)
-        finite = bool(np.all(np.isfinite(got)))
+        finite = bool(np.isfinite(got).all())
         detail = judged.describe() if finite else "non-finite values"
-        if expected_nan.any():
+        if any_nan:
             detail += f"; {int(expected_nan.sum())} nan as in torch"
         self.add(name, finite and judged.passed, measured=judged.measured, bound=judged.bound, detail=detail, **where)
 
@@ -545,9 +546,9 @@ class Comparison:
                            sampled=self.sampled_error("grad", step, None, None, name, view), step=step, rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
-                oracle_moves = bool(np.any(orc_g != 0))
+                oracle_moves = bool((orc_g != 0).any())
                 if got_g is not None:
-                    moves = bool(np.any(got_g != 0))
+                    moves = bool((got_g != 0).any())
                     # All zeros where the oracle's gradient is a cancelling sum smaller than the rounding
                     # the case dtype allows it: the grad check's own bound admits zero there, and a correct
                     # low-precision run can cancel exactly (parity explore --seed 2: a spec'd embedding's
@@ -593,7 +594,7 @@ class Comparison:
         it; on the last step, which has no next, where every entry the reference moved is such a
         crossing: only_crossings). A weight that never moves, or skipped an update and stays one
         behind, meets none of these."""
-        moved = bool(np.any(got_w != prev))
+        moved = bool((got_w != prev).any())
         ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                    self.reference)
         ref_before = self._param_view(name, self.reference.get("weight", step - 1, None, None, name).numpy(),
