@@ -45,10 +45,10 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 # (Triton's interpreter must be chosen before triton is imported, and torch's Inductor, which
 # use_deterministic_algorithms imports, imports triton) and also preloads Inductor; a later CUDA
 # group then spawns its ranks. Made for CUDA ranks it preloads only what is device-neutral, for
-# either. DeepSpeed is never preloaded: a rank imports it once its RANK/WORLD_SIZE are set, as a
-# user's process does.
+# either: importing DeepSpeed there would pick a CUDA accelerator in the forkserver. For CPU ranks it
+# also imports the frameworks (parity/harness/cpu_rank_preload.py says why that is safe).
 NEUTRAL_PRELOAD = ["torch", "torch.distributed", "parity.harness.rank_worker"]
-CPU_PRELOAD = ["torch._inductor.config", "torch._inductor.compile_fx"]
+CPU_PRELOAD = ["torch._inductor.config", "torch._inductor.compile_fx", "parity.harness.cpu_rank_preload"]
 _forkserver_device: str | None = None  # the device the forkserver was made for, once started
 
 

@@ -91,6 +91,9 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
         os.environ.clear()
         os.environ.update(environ)
     log = send_output_to(log_path)
+    preload = sys.modules.get("parity.harness.cpu_rank_preload")  # forked from a CPU forkserver
+    if preload is not None:
+        preload.replay_warnings(log)
     _die_with_parent()
     # A terminal's Ctrl-C reaches the whole process group; the parent decides what it means (a
     # partial report) and stops its ranks itself, so a rank must not die mid-case on its own.
