@@ -47,6 +47,9 @@ class DirectHead(Subject):
     clean_state = CLEAN_STATE
     layer_class = ""
 
+    def records_master_weights(self, values: dict) -> bool:
+        return PlainSGD.keeps_masters(values["dtype"])
+
     def world_size(self, values):
         return values.get("tp", 1)
 
@@ -109,6 +112,8 @@ class DirectHead(Subject):
                 for name, g in grads.items():
                     obs.record("grad", step, None, name, g)
                 optimizer.step(grads)
+                for name, m in optimizer.masters().items():
+                    obs.record("master_weight", step, None, name, m)
                 for name, p in params.items():
                     obs.record("weight", step, None, name, p)
         if ds_loss:

@@ -91,6 +91,9 @@ class MegatronHead(Subject):
     refuses_uneven_vocab = ("Megatron-core shards evenly and asserts tp divides the vocabulary at layer construction "
                             "(cases/megatron.toml: the uneven-vocabulary refusals)")
 
+    def records_master_weights(self, values: dict) -> bool:
+        return PlainSGD.keeps_masters(values["dtype"])
+
     def world_size(self, values):
         return values.get("tp", 1)
 
@@ -193,6 +196,8 @@ class MegatronHead(Subject):
             for name, g in grads.items():
                 obs.record("grad", step, None, name, g)
             optimizer.step(grads)
+            for name, m in optimizer.masters().items():
+                obs.record("master_weight", step, None, name, m)
             for name, p in params.items():
                 obs.record("weight", step, None, name, p)
         return obs

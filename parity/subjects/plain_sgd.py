@@ -6,7 +6,10 @@ references/sgd.py, kept apart: subjects do not run the reference's code.
   parameters, torch_tp.py, SGD's own update redistributes a gradient of another placement).
 - bf16/fp16: a float32 master copy per parameter, taken when the optimizer is made;
   ``master -= lr * grad`` with the float32 gradient the subject recorded, then cast back into the
-  parameter (as DeepSpeed's bf16 optimizer and the HF Trainer's mixed precision do).
+  parameter (as DeepSpeed's bf16 optimizer and the HF Trainer's mixed precision do). The subjects
+  record those masters (``masters``), as the DeepSpeed engine subjects record the engine's: a master
+  that lost precision is invisible in the bf16 weights for steps, and weight_changed needs the master
+  to tell an update that has not crossed a rounding midpoint yet from one that was skipped.
 """
 from __future__ import annotations
 
@@ -23,6 +26,15 @@ class PlainSGD:
             self.master = {name: p.detach().float().clone() for name, p in params.items()}
         else:
             self.optimizer = torch.optim.SGD(list(params.values()), lr=lr)
+
+    @staticmethod
+    def keeps_masters(dtype_name: str) -> bool:
+        """Whether the optimizer of a case of this dtype ("fp32", "bf16", "fp16") keeps float32 masters."""
+        return dtype_name != "fp32"
+
+    def masters(self) -> dict[str, torch.Tensor]:
+        """name -> the float32 master after the last step (empty in fp32, which has none)."""
+        return dict(self.master or {})
 
     def step(self, grads: dict[str, torch.Tensor]) -> None:
         """One update. ``grads`` (name -> the float32 step gradient, zeros where p.grad is None) is

@@ -90,6 +90,9 @@ class TorchTPHead(Subject):
     axes = TORCH_AXES
     clean_state = CLEAN_STATE
 
+    def records_master_weights(self, values: dict) -> bool:
+        return PlainSGD.keeps_masters(values["dtype"])
+
     def world_size(self, values):
         return values.get("tp", 1)
 
@@ -171,6 +174,8 @@ class TorchTPHead(Subject):
             for name, g in grads.items():
                 obs.record("grad", step, None, name, _local(g))
             optimizer.step(grads)
+            for name, m in optimizer.masters().items():
+                obs.record("master_weight", step, None, name, _local(m))
             for name, p in params.items():
                 obs.record("weight", step, None, name, _local(p))
         return obs
