@@ -129,20 +129,20 @@ def test_reference_padding_row_gets_no_lookup_gradient(tied):
 
 
 def test_tied_case_file_covers_the_brief():
-    cases = load_file(TIED_FILE)
+    cases = load_file(TIED_FILE)  # the brief's axes, at least: explore's findings add entries beside them
     assert 60 <= len(cases) <= 120
     assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding"}
     for name in ("tied_row_parallel", "tied_vocab_parallel"):
         mine = [c.values for c in cases if c.subject == name]
-        assert {v["dtype"] for v in mine} == {"fp32", "bf16"}
-        assert {v["zero"] for v in mine} == {0, 2}
-        assert {v["tp"] for v in mine} == {2, 3}
-        assert {v["padding"] for v in mine} == {"none", "first", "last"}
-        assert {v["embed_spec"] for v in mine} == {"none", "row", "column"}
+        assert {"fp32", "bf16"} <= {v["dtype"] for v in mine}
+        assert {0, 2} <= {v["zero"] for v in mine}
+        assert {2, 3} <= {v["tp"] for v in mine}
+        assert {"none", "first", "last"} <= {v["padding"] for v in mine}
+        assert {"none", "row", "column"} <= {v["embed_spec"] for v in mine}
     row = [c.values for c in cases if c.subject == "tied_row_parallel"]
-    assert {v["hidden"] for v in row} == {32, 35}
+    assert {32, 35} <= {v["hidden"] for v in row}
     vocab = [c.values for c in cases if c.subject == "tied_vocab_parallel"]
-    assert {v["vocab"] for v in vocab} == {34, 35}
+    assert {34, 35} <= {v["vocab"] for v in vocab}
 
 
 @pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
