@@ -250,9 +250,13 @@ class Judgement:
 
 
 def _rms(a: np.ndarray) -> float:
-    # np.add.reduce(...) / size is what np.mean computes, bit for bit, without its per-call dispatch
-    # (the comparison calls this about 700 times a case, on tiny arrays).
-    return float(np.sqrt(np.add.reduce(a * a, axis=None) / a.size)) if a.size else 0.0
+    if not a.size:
+        return 0.0
+    if a.dtype != np.float64:  # np.mean accumulates float16 in float32: keep its rules for other dtypes
+        return float(np.sqrt(np.mean(a * a)))
+    # np.add.reduce(...) / size is what np.mean computes for float64, bit for bit, without its per-call
+    # dispatch (the comparison calls this about 700 times a case, on tiny arrays).
+    return float(np.sqrt(np.add.reduce(a * a, axis=None) / a.size))
 
 
 def _samples(sampled_error, oracle: np.ndarray) -> np.ndarray | None:
