@@ -139,7 +139,6 @@ measured/bound ratio in summary.json, `worst_ratio`), not guessed; see README "T
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np

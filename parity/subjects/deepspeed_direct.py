@@ -48,7 +48,7 @@ class DirectHead(Subject):
     layer_class = ""
 
     def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(values["dtype"])
+        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
         return values.get("tp", 1)

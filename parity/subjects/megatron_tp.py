@@ -92,7 +92,7 @@ class MegatronHead(Subject):
                             "(cases/megatron.toml: the uneven-vocabulary refusals)")
 
     def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(values["dtype"])
+        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
         return values.get("tp", 1)

@@ -22,15 +22,16 @@ class PlainSGD:
         self.lr = lr
         self.master = None
         self.optimizer = None
-        if dtype in (torch.bfloat16, torch.float16):
+        if self.keeps_masters(dtype):
             self.master = {name: p.detach().float().clone() for name, p in params.items()}
         else:
             self.optimizer = torch.optim.SGD(list(params.values()), lr=lr)
 
     @staticmethod
-    def keeps_masters(dtype_name: str) -> bool:
-        """Whether the optimizer of a case of this dtype ("fp32", "bf16", "fp16") keeps float32 masters."""
-        return dtype_name != "fp32"
+    def keeps_masters(dtype: torch.dtype) -> bool:
+        """Whether the optimizer for weights of this dtype keeps float32 masters (the subjects ask it
+        too: their records_master_weights)."""
+        return dtype in (torch.bfloat16, torch.float16)
 
     def masters(self) -> dict[str, torch.Tensor]:
         """name -> the float32 master after the last step (empty in fp32, which has none)."""

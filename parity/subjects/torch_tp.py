@@ -91,7 +91,7 @@ class TorchTPHead(Subject):
     clean_state = CLEAN_STATE
 
     def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(values["dtype"])
+        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
         return values.get("tp", 1)
