@@ -99,6 +99,20 @@ class Comparison:
             if record is None:
                 return None
             return record.numpy() if view is None else np.stack([view(each) for each in record.numpy()])
+
+        def whole():
+            """The samples' errors over the whole tensor and its max|oracle|, where a shard needs its
+            tensor's gate (parity.checks.tolerances, judge_close); entries the oracle leaves nan drop out."""
+            errors = get()  # takes the samples, as a shard's get() already did
+            record = self._sampled.records.get((kind, step, micro, dp, name))
+            exact = self.oracle.records.get((rounding.ORACLE_KIND.get(kind, kind), step, micro, dp, name))
+            if errors is None or record is None or exact is None:
+                return None
+            errors, exact = record.numpy(), exact.numpy()
+            finite = np.isfinite(exact)
+            return errors[:, finite], float(np.abs(exact[finite]).max(initial=0.0))
+        if view is not None:
+            get.whole = whole
         return get
 
     def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, **where) -> None:
@@ -121,9 +135,13 @@ class Comparison:
             keep = ~expected_nan
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
             if sampled is not None:
+                tensor_gate = getattr(sampled, "whole", None)  # drops the oracle's nan itself
+
                 def sampled(whole=sampled, keep=keep):
                     errors = whole()
                     return None if errors is None or errors.shape[1:] != keep.shape else errors[:, keep]
+                if tensor_gate is not None:
+                    sampled.whole = tensor_gate
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
         stage_local = name.endswith("[stage]") or self.claims.stage_local
         judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local)

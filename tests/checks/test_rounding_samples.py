@@ -269,7 +269,7 @@ def test_dispersed_samples_widen_the_rms_bound_to_theirs():
     got = oracle + 1.64 * unit * np.sign(np.cos(np.arange(n)))
     first = judge_close(got, ref, oracle, "fp32")
     assert not first.passed and first.criterion == "rms"
-    agree = np.full((ROUNDING_SAMPLES, n), 1.5 * unit)
+    agree = np.full((ROUNDING_SAMPLES, n), 0.5 * unit)  # within SAMPLES_WIDTH of the reference's 0.3
     assert not dispersed(agree) and not dispersed(None)
     assert judge_close(got, ref, oracle, "fp32", lambda: agree).bound == first.bound
     spread = np.full((ROUNDING_SAMPLES, n), unit) * np.linspace(0.45, 3.3, ROUNDING_SAMPLES)[:, None]
@@ -302,3 +302,60 @@ def test_an_inherited_rms_error_gets_the_sharding_slack_and_a_stage_does_not():
     got = oracle + 5.13 * unit * np.sign(np.cos(np.arange(n)))
     assert judge_close(got, ref, oracle, "fp32").passed
     assert not judge_close(got, ref, oracle, "fp32", inherits=False).passed
+
+
+def test_a_lucky_reference_gets_the_smallest_sample_over_the_samples_width():
+    """parity explore --seed 10 (direct_vocab_parallel fp32, vocabulary 177, an 88-entry bias-gradient
+    shard): the reference 0.41 units of u rms(oracle), the samples 1.31-3.47 (not dispersed), a correct
+    subject 1.88. The reference lies below every sample over SAMPLES_WIDTH: a lucky draw, so the smallest
+    sample over SAMPLES_WIDTH stands for its RMS error in the same RMS bound. Samples within
+    SAMPLES_WIDTH of the reference change nothing, and the stand-in bound still fails a scale of a few
+    units and an error beyond it."""
+    from parity.checks.tolerances import SAMPLES_WIDTH, dispersed, lucky_stand_in, rms_bound
+
+    n = 88
+    oracle = np.linspace(1.0, 2.0, n)
+    rms_scale = float(np.sqrt(np.mean(oracle ** 2)))
+    unit = U32 * rms_scale
+    ref = oracle + 0.41 * unit * np.sign(np.sin(np.arange(n)))
+    got = oracle + 1.88 * unit * np.sign(np.cos(np.arange(n)))
+    samples = np.full((ROUNDING_SAMPLES, n), unit) * np.linspace(1.31, 3.47, ROUNDING_SAMPLES)[:, None]
+    assert not dispersed(samples)
+    first = judge_close(got, ref, oracle, "fp32")
+    assert not first.passed and first.criterion == "rms"
+    lucky = judge_close(got, ref, oracle, "fp32", lambda: samples)
+    assert lucky.passed
+    stand_in = lucky_stand_in(samples, 0.41 * unit)
+    assert abs(stand_in - 1.31 * unit / SAMPLES_WIDTH) < 1e-6 * unit
+    assert lucky.bound >= rms_bound(stand_in, U32, rms_scale)
+    representative = samples * (0.41 * SAMPLES_WIDTH * 0.99 / 1.31)  # the smallest at SAMPLES_WIDTH x 0.41 units
+    assert lucky_stand_in(representative, 0.41 * unit) is None
+    assert judge_close(got, ref, oracle, "fp32", lambda: representative).bound == first.bound
+    assert not judge_close(oracle * (1 + 3 * U32), ref, oracle, "fp32", lambda: samples).passed
+    assert not judge_close(oracle + 3.5 * unit, ref, oracle, "fp32", lambda: samples).passed
+
+
+def test_a_one_entry_shard_is_gated_by_its_whole_tensor():
+    """parity explore --seed 13 (vocab_parallel fp32, vocabulary 2 over tp 2, dp 2): a one-entry bias
+    shard, oracle -0.02896, a cancelling sum of terms up to about 1. The reference erred by 2.3e-10 on
+    it, the samples up to 2.44e-8 (under the floor, 16 u max|oracle| = 2.76e-8) and 3.75e-8 on the other
+    entry; a correct subject 3.7e-8. The whole tensor's samples show its entries cancel, so the shard
+    gets SHARDING_SLACK x its own samples' largest error; a whole within its floor changes nothing."""
+    oracle, ref = np.array([-0.02896]), np.array([-0.02896 + 2.3e-10])
+    got = oracle + 3.7e-8
+    shard = np.linspace(0.5e-8, 2.44e-8, ROUNDING_SAMPLES)[:, None]
+    first = judge_close(got, ref, oracle, "fp32")
+    assert not first.passed and first.criterion == "max"
+
+    def sampled_with(other_entry):
+        def sampled():
+            return shard
+        sampled.whole = lambda: (np.concatenate([shard, np.full((ROUNDING_SAMPLES, 1), other_entry)], axis=1), 0.02896)
+        return sampled
+    assert judge_close(got, ref, oracle, "fp32", lambda: shard).bound == first.bound  # no whole: as before
+    gated = judge_close(got, ref, oracle, "fp32", sampled_with(3.75e-8))
+    assert gated.passed and gated.criterion == "sampled max"
+    assert gated.bound == SHARDING_SLACK * 2.44e-8 + FLOOR_ULPS * U32 * 0.02896
+    within = judge_close(got, ref, oracle, "fp32", sampled_with(2.5e-8))
+    assert (within.passed, within.bound) == (False, first.bound)
+    assert not judge_close(oracle + 2e-7, ref, oracle, "fp32", sampled_with(3.75e-8)).passed
