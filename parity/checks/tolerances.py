@@ -112,9 +112,10 @@ A tensor whose error is many independent roundings has samples of one size (an R
 1 / sqrt(2 n)), about SAMPLES_WIDTH times a round-to-nearest run's, so the rule leaves it alone; like the
 gates it looks at the reference and the samples, never at the subject, and only after a miss.
 
-A shard smaller than ELEMENTWISE_MIN_SIZE is gated by its whole tensor's samples and floor (where the
-samples hold the whole tensor): whether the entries are cancelling sums is the tensor's property, and a
-shard of one entry can hold the one the reference rounded almost exactly. Found by `parity explore
+A shard smaller than ELEMENTWISE_MIN_SIZE whose own samples stay under its floor is gated by its whole
+tensor's samples and floor too (where the samples hold the whole tensor): whether the entries are
+cancelling sums is the tensor's property, and a shard of one entry can hold the one the reference
+rounded almost exactly. Found by `parity explore
 --seed 13`: vocab_parallel fp32, vocabulary 2 over tp 2, dp 2, a one-entry bias shard whose oracle
 -0.02896 sums terms up to about 1; the reference erred by 2.3e-10, the samples up to 2.44e-8 on it (under
 the floor, 2.76e-8) and 3.75e-8 on the other entry, a correct subject 3.7e-8 (1.30x). The bound is still
@@ -370,11 +371,12 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
         # Only where the samples disprove the floor's premise (rounding errors within FLOOR_ULPS units
         # of max|oracle|): a cancelling sum, whose terms are larger than any of its results. A shard is
         # gated by its whole tensor (see above).
-        gate_err, gate_scale = sampled, max_scale
-        whole = _whole_samples(sampled_error) if errors is not None else None
+        cancels = sampled > max(max_ref_err, FLOOR_ULPS * u * max_scale)
+        whole = _whole_samples(sampled_error) if errors is not None and not cancels else None
         if whole is not None and len(whole[0]):
-            gate_err, gate_scale = max(sampled, float(whole[0].max())), max(max_scale, whole[1])
-        if sampled > max_ref_err and gate_err > max(max_ref_err, FLOOR_ULPS * u * gate_scale):
+            cancels = (sampled > max_ref_err
+                       and float(whole[0].max()) > max(max_ref_err, FLOOR_ULPS * u * max(max_scale, whole[1])))
+        if cancels:
             bound = parity_bound(floor_dtype, sampled, max_scale).value
             results = [Judgement(max_diff <= bound, "sampled max", max_diff, bound)]
     if got.size >= ELEMENTWISE_MIN_SIZE:
