@@ -21,6 +21,12 @@ Two ways an explored case meets a mark:
    fp32 logits, a clipping norm that skips TP ranks > 0's flattened gradients), so the checks it
    lists can fail at any size for that reason alone; found by explore seeds 4-7, which stopped on
    these divergences at vocabularies 2 and 195. The other axes it lists still bind.
+3. A mark whose case file names the axes its mechanism depends on (``binds``): only those of the
+   table's axes, and its ``where``, bind; every other axis is free. The padding_idx that AutoTP's
+   spec'd embedding drops trains the padding row under every ZeRO stage, dtype and clipping setting;
+   marks listing the stages and settings where it was first seen stopped explore seeds 1, 13 and 14
+   (H200 host's CPUs) at the same mechanism under ZeRO 2. Like ``any_size``, it is the case file's
+   statement about the mechanism, and the evidence below still has to fit.
 
 A mark is only an explanation, and it must fit the evidence: the case's outcome is judged again
 with the mark attached, and only a "diverged" verdict (every failed check covered by the mark's
@@ -34,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.explore.domains import RANGES
-from parity.matrix.cases import Case, KnownDivergence, _display, default_files, expand_matrix, load
+from parity.matrix.cases import Case, KnownDivergence, _display, _divergence, default_files, expand_matrix, load
+from parity.subjects import SUBJECTS
 
 SCALE_AXES = frozenset(RANGES)
 
@@ -72,13 +79,20 @@ def marks(paths=None) -> list[Mark]:
                               and all(c.values.get(a) in v for a, v in scope.items())), None)
                 if first is None:
                     continue
-                checks = first.divergence.checks
-                sizeless = (first.divergence.any_size or bool(first.divergence.raises)
+                # The entry's own mark, not the first case's: a case under several marks has them merged,
+                # and what one mark carries must be only what its own mechanism explains (run_case unites
+                # the marks a case meets).
+                own = _divergence(_display(path), f"matrix[{i}].known_divergence", entry, SUBJECTS[table["subject"]])
+                checks = own.checks
+                sizeless = (own.any_size or bool(own.raises)
                             or (bool(checks) and all(c.startswith("contract[") for c in checks)))
                 axes = {**table.get("axes", {}), **scope}
+                binds = entry.get("binds")
+                if binds is not None:
+                    axes = {a: v for a, v in axes.items() if a in binds or a in scope}
                 explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
                                  if not (sizeless and a in SCALE_AXES))
-                found.append(Mark(first.source, table["subject"], explicit, first.divergence))
+                found.append(Mark(first.source, table["subject"], explicit, own))
     return found
 
 

@@ -24,6 +24,10 @@ A file holds one or more ``[[matrix]]`` tables:
                                         # tp, dp, gas, grain, chunk), so `parity explore` may carry the mark to
                                         # sizes the table does not list (parity/explore/known.py); never for a
                                         # decision only some sizes take
+    binds = ["padding"]                 # optional: the only axes of the table (besides `where`) the mechanism
+                                        # depends on; parity explore carries the mark to any case of the subject
+                                        # these admit (its other axes free, parity/explore/known.py); [] = `where`
+                                        # alone. A statement about the mechanism, as any_size is
     [[matrix.known_divergence]]         # or several, each limited to the cases it names:
     where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
                                         # than one gets them merged (reasons and repros joined, checks united)
@@ -53,7 +57,7 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds")
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
@@ -92,6 +96,7 @@ class KnownDivergence:
     checks: tuple = ()  # empty: any numerical check may fail
     raises: str = ""  # a crash, not a number: "Type: message" fragment some rank must raise
     any_size: bool = False  # the case file says the mechanism holds at every size (parity explore may carry it)
+    binds: tuple | None = None  # the axes the mechanism depends on, where the case file names them (explore)
 
     def covers(self, check_name: str) -> bool:
         return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
@@ -227,7 +232,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
     for key, raw in keyed:
         scope = raw.get("where") if isinstance(raw, dict) else None
         rule = _rules(path, f"{key}.where", [scope], subject)[0] if scope is not None else None
-        divergence = _divergence(path, key, raw)
+        divergence = _divergence(path, key, raw, subject)
         if divergence and expect.is_error and set(divergence.checks) - set(REJECTION_CHECKS):
             # A rejection case has no numerical checks: only the rejection itself and what it left behind
             # (parity.checks.compare.state_after_rejection_checks) can be named.
@@ -268,7 +273,7 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _divergence(path, where, table) -> KnownDivergence | None:
+def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
     if table is None:
         return None
     if not isinstance(table, dict):
@@ -290,7 +295,17 @@ def _divergence(path, where, table) -> KnownDivergence | None:
     any_size = table.get("any_size", False)
     if not isinstance(any_size, bool):
         raise CaseFileError(path, f"{where}.any_size", f"bad value {any_size!r}", "true or false")
-    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size)
+    binds = table.get("binds")
+    if binds is not None:
+        known = set(getattr(subject, "axes", None) or ())
+        if not isinstance(binds, list) or not all(isinstance(a, str) for a in binds):
+            raise CaseFileError(path, f"{where}.binds", f"bad value {binds!r}", "a list of axis names")
+        unknown = [a for a in binds if known and a not in known]
+        if unknown:
+            raise CaseFileError(path, f"{where}.binds", f"not an axis of the subject: {unknown[0]!r}",
+                                ", ".join(sorted(known)))
+        binds = tuple(binds)
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds)
 
 
 def _merged(path, where, found: list) -> KnownDivergence | None:

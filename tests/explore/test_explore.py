@@ -165,6 +165,36 @@ def test_a_case_under_two_marks_is_judged_against_both_together():
     assert not together.covers("sgd_update[lm_head.weight]")
 
 
+def test_a_mark_that_binds_its_mechanisms_axes_frees_the_others():
+    # AutoTP's spec'd embedding drops padding_idx whatever the ZeRO stage: explore seeds 1, 13 and 14 (H200
+    # host's CPUs) stopped at padding first under ZeRO 2, unclipped, which the marks' tables (ZeRO 0/1, or
+    # clipped) did not list. The marks bind padding; padding "none" is still not admitted, nor, for the
+    # clipping norm's mark (binds clip), an unclipped case.
+    values = {"dtype": "fp32", "reduction": "mean", "vocab": 2, "hidden": 2, "bias": True, "head": "lm_head",
+              "ignore": "scattered", "zero": 2, "gas": 1, "tp": 2, "dp": 1, "grain": 1, "clip": 0.0, "device": "cpu",
+              "padding": "first", "embed_spec": "row"}
+    case = explored_case("embed_spec_untied", values)
+    padding = [m for m in MARKS.marks if "padding_idx" in m.divergence.repro and m.subject == "embed_spec_untied"]
+    assert padding and all(m.divergence.binds == ("padding",) for m in padding)
+    assert any(m.admits(case) for m in padding)
+    assert not any(m.admits(explored_case("embed_spec_untied", {**values, "padding": "none"})) for m in padding)
+    norm = [m for m in MARKS.marks if "clip_norm" in m.divergence.repro and m.subject == "embed_spec_untied"]
+    assert norm and not any(m.admits(case) for m in norm)
+    assert any(m.admits(explored_case("embed_spec_untied", {**values, "clip": 1.0})) for m in norm)
+    assert not any(m.admits(explored_case("embed_spec_untied", {**values, "clip": 1.0, "dtype": "bf16", "zero": 1}))
+                   for m in norm)
+
+
+def test_binds_must_name_axes_of_the_subject(tmp_path):
+    from parity.matrix.cases import CaseFileError, load_file
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "r"\n'
+                    'repro = "ci/repro/liger_double_backward.py"\nbinds = ["paddding"]\n')
+    with pytest.raises(CaseFileError, match="binds.*paddding"):
+        load_file(path)
+
+
 def test_any_size_must_be_a_boolean(tmp_path):
     from parity.matrix.cases import CaseFileError, load_file
 
