@@ -39,7 +39,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity.explore.domains import RANGES
+from parity.explore.domains import RANGES, default_of
 from parity.matrix.cases import Case, KnownDivergence, _display, _divergence, default_files, expand_matrix, load
 from parity.subjects import SUBJECTS
 
@@ -89,7 +89,9 @@ def marks(paths=None) -> list[Mark]:
                 axes = {**table.get("axes", {}), **scope}
                 binds = entry.get("binds")
                 if binds is not None:
-                    axes = {a: v for a, v in axes.items() if a in binds or a in scope}
+                    # A bound axis the table leaves at its default binds at the default.
+                    axes = {**{a: [default_of(table["subject"], a)] for a in binds},
+                            **{a: v for a, v in axes.items() if a in binds or a in scope}}
                 explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
                                  if not (sizeless and a in SCALE_AXES))
                 found.append(Mark(first.source, table["subject"], explicit, own))

@@ -26,8 +26,9 @@ A file holds one or more ``[[matrix]]`` tables:
                                         # decision only some sizes take
     binds = ["padding"]                 # optional: the only axes of the table (besides `where`) the mechanism
                                         # depends on; parity explore carries the mark to any case of the subject
-                                        # these admit (its other axes free, parity/explore/known.py); [] = `where`
-                                        # alone. A statement about the mechanism, as any_size is
+                                        # these admit (its other axes free, parity/explore/known.py); one the table
+                                        # does not list binds at its default; [] = `where` alone. A statement
+                                        # about the mechanism, as any_size is
     [[matrix.known_divergence]]         # or several, each limited to the cases it names:
     where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
                                         # than one gets them merged (reasons and repros joined, checks united)
