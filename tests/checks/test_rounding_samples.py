@@ -307,11 +307,11 @@ def test_an_inherited_rms_error_gets_the_sharding_slack_and_a_stage_does_not():
 def test_a_lucky_reference_gets_the_smallest_sample_over_the_samples_width():
     """parity explore --seed 10 (direct_vocab_parallel fp32, vocabulary 177, an 88-entry bias-gradient
     shard): the reference 0.41 units of u rms(oracle), the samples 1.31-3.47 (not dispersed), a correct
-    subject 1.88. The reference lies below every sample over SAMPLES_WIDTH: a lucky draw, so the smallest
-    sample over SAMPLES_WIDTH stands for its RMS error in the same RMS bound. Samples within
-    SAMPLES_WIDTH of the reference change nothing, and the stand-in bound still fails a scale of a few
-    units and an error beyond it."""
-    from parity.checks.tolerances import SAMPLES_WIDTH, dispersed, lucky_stand_in, rms_bound
+    subject 1.88. Every sample over SAMPLES_WIDTH exceeds one rounding of the values and the reference
+    lies below it: a lucky draw, so the smallest sample over SAMPLES_WIDTH stands for its RMS error in the
+    same RMS bound. Otherwise nothing changes, and the stand-in bound still fails a scale of a few units
+    and an error beyond it."""
+    from parity.checks.tolerances import ONE_ROUNDING_RMS, SAMPLES_WIDTH, dispersed, lucky_stand_in, rms_bound
 
     n = 88
     oracle = np.linspace(1.0, 2.0, n)
@@ -325,12 +325,16 @@ def test_a_lucky_reference_gets_the_smallest_sample_over_the_samples_width():
     assert not first.passed and first.criterion == "rms"
     lucky = judge_close(got, ref, oracle, "fp32", lambda: samples)
     assert lucky.passed
-    stand_in = lucky_stand_in(samples, 0.41 * unit)
+    one_rounding = ONE_ROUNDING_RMS * unit
+    stand_in = lucky_stand_in(samples, 0.41 * unit, one_rounding)
     assert abs(stand_in - 1.31 * unit / SAMPLES_WIDTH) < 1e-6 * unit
     assert lucky.bound >= rms_bound(stand_in, U32, rms_scale)
-    representative = samples * (0.41 * SAMPLES_WIDTH * 0.99 / 1.31)  # the smallest at SAMPLES_WIDTH x 0.41 units
-    assert lucky_stand_in(representative, 0.41 * unit) is None
-    assert judge_close(got, ref, oracle, "fp32", lambda: representative).bound == first.bound
+    # Samples whose stand-in stays within one rounding of the values (an exact-ish reference beside the
+    # samples' wider moves), or a reference beyond one rounding itself: not lucky, the bound as it was.
+    within = samples * (0.99 * ONE_ROUNDING_RMS * SAMPLES_WIDTH / 1.31)
+    assert lucky_stand_in(within, 0.41 * unit, one_rounding) is None
+    assert judge_close(got, ref, oracle, "fp32", lambda: within).bound == first.bound
+    assert lucky_stand_in(samples, 1.01 * one_rounding, one_rounding) is None
     assert not judge_close(oracle * (1 + 3 * U32), ref, oracle, "fp32", lambda: samples).passed
     assert not judge_close(oracle + 3.5 * unit, ref, oracle, "fp32", lambda: samples).passed
 
