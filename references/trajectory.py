@@ -71,7 +71,9 @@ class Trajectory:
 
     def put(self, kind, step, micro, dp_rank, name, tensor):
         key = (kind, step, micro, dp_rank, name)
-        self.records[key] = tensor.detach().to(torch.float64).clone()
+        # One copy (a float64 tensor's .to would be itself, hence copy=True): the rounding samples
+        # (parity/checks/rounding.py) pass every op of a rerun through Python, this one included.
+        self.records[key] = tensor.detach().to(torch.float64, copy=True)
         self.layouts[key] = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
 
     def get(self, kind, step, micro, dp_rank, name):
@@ -85,8 +87,13 @@ def _scalar(loss: torch.Tensor, reduction: str) -> torch.Tensor:
 def step_num_items(train: "TrainingSpec", step: int, vocab: int, ignore_index: int) -> int:
     """num_items_in_batch as the HF Trainer passes it by default: the step's non-ignored shifted
     targets over every micro-batch of every data-parallel rank (average_tokens_across_devices=True)."""
-    return sum(count_items(train.batches(step, dp_rank, vocab, ignore_index), ignore_index)
-               for dp_rank in range(train.dp))
+    return num_items_of([train.batches(step, dp_rank, vocab, ignore_index) for dp_rank in range(train.dp)],
+                        ignore_index)
+
+
+def num_items_of(step_batches: list, ignore_index: int) -> int:
+    """step_num_items of the step's batches already made (step_batches[dp_rank]: that rank's micro-batches)."""
+    return sum(count_items(batches, ignore_index) for batches in step_batches)
 
 
 def trainer_objective(loss: torch.Tensor, train: "TrainingSpec", reduction: str) -> torch.Tensor:
@@ -116,10 +123,12 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     for step in range(train.steps):
         step_grads = {name: torch.zeros_like(p, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
                       for name, p in params.items()}
-        num_items = step_num_items(train, step, model_spec.vocab, model_spec.ignore_index)
-        for dp_rank in range(train.dp):
+        # The step's batches, made once (step_num_items would make them again to count their targets).
+        step_batches = [train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
+                        for dp_rank in range(train.dp)]
+        num_items = num_items_of(step_batches, model_spec.ignore_index)
+        for dp_rank, batches in enumerate(step_batches):
             model.zero_grad(set_to_none=True)
-            batches = train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
             for micro, batch in enumerate(batches):
                 loss, logits = model(**batch, num_items_in_batch=num_items)
                 trainer_objective(loss, train, model_spec.reduction).backward()

@@ -59,8 +59,38 @@ def _rounds(func) -> bool:
     return name in ROUNDING_OPS or (name.endswith("_") and name[:-1] in ROUNDING_OPS)
 
 
+# id(func) -> (func, rule), rule None where its result is not a rounded value, else (is it a cast, is
+# it in-place): decided once per op (a rerun dispatches thousands of ops, most of them views, copies
+# and comparisons). Keyed by id: an OpOverload hashes in Python; the entry keeps it alive, so its id stays its own.
+_RULES: dict = {}
+
+
+def _rule(func):
+    known = _RULES.get(id(func))
+    if known is None:
+        rule = (func._schema.name == "aten::_to_copy", func._schema.is_mutable) if _rounds(func) else None
+        known = _RULES[id(func)] = (func, rule)
+    return known[1]
+
+
+_HALF_EPS: dict = {}  # dtype -> its unit roundoff, eps / 2
+
+
+def _unit_roundoff(dtype) -> float:
+    try:
+        return _HALF_EPS[dtype]
+    except KeyError:
+        return _HALF_EPS.setdefault(dtype, torch.finfo(dtype).eps / 2)
+
+
 class RoundingNoise(TorchDispatchMode):
     """Moves every rounding op's result by up to one unit roundoff of its dtype (see the module docstring)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, a wrapper on every op
+        # (and, on first use, Dynamo's import, seconds of the parent's CPU); nothing here is compiled.
+        return False
 
     def __init__(self, seed: int):
         super().__init__()
@@ -68,20 +98,22 @@ class RoundingNoise(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if making_inputs():  # the reference's exact inputs: the subject gets the very same values
+        rule = _rule(func)
+        if rule is None or making_inputs():  # making_inputs: the reference's exact inputs, the subject's too
             return out
         first = out[0] if isinstance(out, (tuple, list)) else out
-        if not _rounds(func) or not isinstance(first, torch.Tensor) or not first.is_floating_point() \
-                or not first.numel():
+        if not isinstance(first, torch.Tensor) or not first.is_floating_point() or not first.numel():
             return out
-        if func._schema.name == "aten::_to_copy":
+        cast, in_place = rule
+        if cast:
             source = args[0]
-            if not source.is_floating_point() or torch.finfo(first.dtype).eps <= torch.finfo(source.dtype).eps:
+            if not source.is_floating_point() or _unit_roundoff(first.dtype) <= _unit_roundoff(source.dtype):
                 return out  # a widening or same-precision cast is exact
-        u = torch.finfo(first.dtype).eps / 2
-        r = torch.rand(first.shape, generator=self.generator, dtype=torch.float64) * 2 - 1
-        moved = (first.double() * (1 + u * r)).to(first.dtype)
-        if func._schema.is_mutable:  # in-place (add_, sub_, out=): the mutated tensor is what the caller holds
+        # first * (1 + u r), r uniform in [-1, 1), in float64, rounded back: the same operations, in
+        # place on the draw (one tensor instead of five).
+        r = torch.rand(first.shape, generator=self.generator, dtype=torch.float64)
+        moved = r.mul_(2).sub_(1).mul_(_unit_roundoff(first.dtype)).add_(1).mul_(first).to(first.dtype)
+        if in_place:  # in-place (add_, sub_, out=): the mutated tensor is what the caller holds
             first.copy_(moved)
             return out
         return type(out)([moved, *out[1:]]) if isinstance(out, (tuple, list)) else moved
