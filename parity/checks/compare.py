@@ -16,6 +16,7 @@ from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
+from parity.checks.one_thread import one_torch_thread
 from parity.checks.tolerances import ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound
 from references.trajectory import Trajectory
 
@@ -817,7 +818,8 @@ def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
     disk = reference_disk if key is not None else None
     pair = disk.load(key) if disk else None
     if pair is None:
-        pair = subject.reference(values), subject.reference(values, torch.float64)
+        with one_torch_thread():  # a verdict must not depend on the core count (parity/checks/one_thread.py)
+            pair = subject.reference(values), subject.reference(values, torch.float64)
         if disk:
             disk.save(key, pair)
     _reference_cache.put(key, pair)

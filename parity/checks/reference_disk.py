@@ -26,7 +26,7 @@ import torch
 import references
 from references.trajectory import Trajectory
 
-FORMAT = 1  # what an entry holds and how; a change to it is a new key for every entry
+FORMAT = 2  # 2: references computed on one torch thread (parity/checks/one_thread.py)
 
 
 def source_fingerprint(package_dir: Path) -> str:

@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity.checks.bounded_cache import BoundedCache
+from parity.checks.one_thread import one_torch_thread
 from references.seeding import making_inputs
 from references.trajectory import Trajectory
 
@@ -151,7 +152,8 @@ def cached_sampled_error(subject, values: dict, oracle: Trajectory, samples: int
     key = subject.reference_key(values)
     spread = _cache.get(key)
     if spread is None:
-        spread = sampled_error(subject, values, oracle, samples)
+        with one_torch_thread():  # as the reference itself (parity/checks/one_thread.py)
+            spread = sampled_error(subject, values, oracle, samples)
         _cache.put(key, spread)
     return spread
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from parity.matrix.cases import Case
 from parity.checks.compare import Check, compare, reference_pair, state_after_rejection_checks
+from parity.checks.one_thread import one_torch_thread
 from parity.harness.rank_pool import PoolStartError, RankPool
 from parity.harness.timing import close_case, phase
 from parity.subjects import SUBJECTS
@@ -236,7 +237,8 @@ def judge(case: Case, outcome, strict: bool, mode: str = "", reference=None, tim
     """Every rank's outcome of one case (a PoolOutcome) -> its verdict. reference: a Future of
     timed_reference_pair already under way (else it is computed here, when needed); timing: where
     the reference and comparison phases are added (parity.harness.timing)."""
-    verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict, reference, timing)
+    with one_torch_thread():  # stage oracles and comparisons too (parity/checks/one_thread.py)
+        verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict, reference, timing)
     verdict.mode = mode
     verdict.observed = observed_facts(outcome)
     return verdict
