@@ -21,8 +21,9 @@ Two ways an explored case meets a mark:
    fp32 logits, a clipping norm that skips TP ranks > 0's flattened gradients), so the checks it
    lists can fail at any size for that reason alone; found by explore seeds 4-7, which stopped on
    these divergences at vocabularies 2 and 195. The other axes it lists still bind.
-3. A mark whose case file names the axes its mechanism depends on (``binds``): only those of the
-   table's axes, and its ``where``, bind; every other axis is free. The padding_idx that AutoTP's
+3. A mark whose case file names the axes its mechanism depends on (``binds``): only those axes (at the
+   table's values, or at the default where the table lists none) and its ``where`` bind; every other
+   axis is free. The padding_idx that AutoTP's
    spec'd embedding drops trains the padding row under every ZeRO stage, dtype and clipping setting;
    marks listing the stages and settings where it was first seen stopped explore seeds 1, 13 and 14
    (H200 host's CPUs) at the same mechanism under ZeRO 2. Like ``any_size``, it is the case file's
@@ -87,11 +88,10 @@ def marks(paths=None) -> list[Mark]:
                 sizeless = (own.any_size or bool(own.raises)
                             or (bool(checks) and all(c.startswith("contract[") for c in checks)))
                 axes = {**table.get("axes", {}), **scope}
-                binds = entry.get("binds")
-                if binds is not None:
+                if own.binds is not None:
                     # A bound axis the table leaves at its default binds at the default.
-                    axes = {**{a: [default_of(table["subject"], a)] for a in binds},
-                            **{a: v for a, v in axes.items() if a in binds or a in scope}}
+                    axes = {**{a: [default_of(table["subject"], a)] for a in own.binds},
+                            **{a: v for a, v in axes.items() if a in own.binds or a in scope}}
                 explicit = tuple((a, tuple(v if isinstance(v, list) else [v])) for a, v in axes.items()
                                  if not (sizeless and a in SCALE_AXES))
                 found.append(Mark(first.source, table["subject"], explicit, own))
