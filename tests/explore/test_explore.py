@@ -185,23 +185,15 @@ def test_a_mark_that_binds_its_mechanisms_axes_frees_the_others():
                    for m in norm)
 
 
-def test_binds_must_name_axes_of_the_subject(tmp_path):
+@pytest.mark.parametrize("line, error", [('binds = ["paddding"]', "binds.*paddding"),  # an axis the subject lacks
+                                         ('any_size = "yes"', "any_size")])
+def test_a_bad_mark_key_is_a_one_line_error_naming_it(tmp_path, line, error):
     from parity.matrix.cases import CaseFileError, load_file
 
     path = tmp_path / "bad.toml"
     path.write_text('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "r"\n'
-                    'repro = "ci/repro/liger_double_backward.py"\nbinds = ["paddding"]\n')
-    with pytest.raises(CaseFileError, match="binds.*paddding"):
-        load_file(path)
-
-
-def test_any_size_must_be_a_boolean(tmp_path):
-    from parity.matrix.cases import CaseFileError, load_file
-
-    path = tmp_path / "bad.toml"
-    path.write_text('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.known_divergence]\nreason = "r"\n'
-                    'repro = "ci/repro/liger_double_backward.py"\nany_size = "yes"\n')
-    with pytest.raises(CaseFileError, match="any_size"):
+                    f'repro = "ci/repro/liger_double_backward.py"\n{line}\n')
+    with pytest.raises(CaseFileError, match=error):
         load_file(path)
 
 
