@@ -41,12 +41,20 @@ def test_exitfirst_then_rerun_failed(tmp_path):
     assert [c["id"] for c in json.loads((tmp_path / "b/summary.json").read_text())["cases"]] == [FAILS]
 
 
+def _sigint_as_in_a_terminal():
+    # A shell without job control starts a background command (`.ci/run ... &`, nohup, a CI step
+    # some runners start that way) with SIGINT ignored, children inherit that, and Python installs
+    # its KeyboardInterrupt handler only over the default: the run would never see the Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])  # one Runner here, or job processes holding the cases
 def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path, jobs):
     proc = subprocess.Popen([sys.executable, "-m", "parity.cli", "run", "--matrix", FAULTY, "--case", PASSES,
                              "--case", HANGS, "--case", FAILS, "--timeout", "200", "--report", str(tmp_path),
                              "-j", jobs],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_sigint_as_in_a_terminal)
     lines = []
     deadline = time.monotonic() + 200
     for line in proc.stdout:  # the second case hangs: interrupt once the first one is judged
