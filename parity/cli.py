@@ -190,6 +190,7 @@ def run_cases(args, cases, strict: bool) -> int:
             stream.close()
         raise
     cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
+    occupied = runner.occupancy()
     runner.close(force=interrupted)
     # The summary, report and profile are the last pass's (each pass runs the same cases).
     print(summary_table(verdicts, wall, not_run))
@@ -207,7 +208,7 @@ def run_cases(args, cases, strict: bool) -> int:
     if args.profile:
         from parity.report.profile import profile, profile_markdown, write_profile
 
-        prof = profile(verdicts, wall, jobs, report_timing, cache_stats)
+        prof = profile(verdicts, wall, jobs, report_timing, cache_stats, occupied)
         print(profile_markdown(prof))
         if args.report:
             write_profile(args.report, prof)

@@ -43,7 +43,7 @@ JOB_CLOSE_S = 20.0
 
 def job_runner(jobs: int, **settings):
     """What runs the cases: one Runner in this process for jobs <= 1, else JobProcesses of that
-    many. Both answer run_all, rank_pids, reference_cache_stats and close.
+    many. Both answer run_all, rank_pids, reference_cache_stats, occupancy and close.
 
     A pipelining Runner here computes references and judges cases while its ranks run the next case,
     on the same cores: its torch gets one thread, as a job process's does (job_main). With torch's
@@ -135,6 +135,7 @@ class _Job:
         self.proc.start()
         self.batch: dict = {}  # index -> case, what it was sent and has not answered yet
         self.ranks = 0  # the largest world size of the batch under way
+        self.sent = (0.0, 0)  # when the batch under way was sent, and its cases
         self.live: dict = {}  # (world size, device) -> pids, as it last said
         self.stats: dict = {}
 
@@ -159,6 +160,9 @@ class JobProcesses:
         self.pool: list[_Job] = []
         self.started = 0
         self.head_passed = 0  # batches sent ahead of the first in line since it became first
+        # When each batch was sent and answered, for --profile's occupancy (parity.report.profile).
+        self.clock = {"created": time.monotonic()}
+        self.spans: list[tuple] = []  # (job id, world size, cases, sent, done) in monotonic seconds
 
     def _start(self, cases) -> None:
         from parity.observe import capabilities
@@ -166,6 +170,7 @@ class JobProcesses:
         # Probed once here, not once per job (the Triton probe alone is seconds of a child process).
         wanted = needed_capabilities(cases) - set(self.settings["capabilities"])
         self.settings["capabilities"].update({name: capabilities.missing(name) for name in sorted(wanted)})
+        self.clock.setdefault("probed", time.monotonic())
         while len(self.pool) < self.jobs:
             self.pool.append(_Job(self.started, self.ctx, self.settings, self.results))
             self.started += 1
@@ -214,6 +219,7 @@ class JobProcesses:
             warm = [job for job in idle if (world, device) in job.live]
             job = warm[0] if warm else min(idle, key=lambda j: sum(len(p) for p in j.live.values()))
             job.batch = {index: case for index, case in batch}
+            job.sent = (time.monotonic(), len(batch))
             job.ranks = world
             job.live.setdefault((world, device), [])  # warm by the time the next such batch comes
             job.tasks.put(batch)
@@ -231,6 +237,7 @@ class JobProcesses:
         done[index] = pickle.loads(payload)
         job.stats, job.live = stats, live
         if not job.batch:
+            self.spans.append((job.id, job.ranks, job.sent[1], job.sent[0], time.monotonic()))
             job.ranks = 0
 
     def _replace_dead(self, done: dict) -> None:
@@ -252,6 +259,13 @@ class JobProcesses:
                 if pids:
                     found.setdefault(tuple(key), []).extend(pids)
         return found
+
+    def occupancy(self) -> dict:
+        """How busy the jobs and the cores were (parity.report.profile.occupancy), from every batch's
+        send and answer times since this object was made."""
+        from parity.report.profile import occupancy
+
+        return occupancy(self.spans, self.clock, self.jobs, self.cores)
 
     def reference_cache_stats(self) -> dict:
         total: dict = {}

@@ -123,6 +123,10 @@ class Runner:
 
         return {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
 
+    def occupancy(self) -> dict:
+        """Jobs' occupancy (JobProcesses.occupancy): one runner, one case at a time, has none to show."""
+        return {}
+
     def run(self, case: Case) -> Verdict:
         return self._verdict(case, self._start(case, inline=True))
 

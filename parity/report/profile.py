@@ -19,16 +19,39 @@ def _totals(rows) -> dict:
     return {c: round(sum(r.get(c, 0.0) for r in rows), 3) for c in COLUMNS}
 
 
-def profile(verdicts, wall_s: float, jobs: int, report: dict | None = None, cache: dict | None = None) -> dict:
+def occupancy(spans, clock: dict, jobs: int, cores: int) -> dict:
+    """With -j N: how much of the run the jobs and the cores had work. spans: (job id, world size,
+    cases, sent, answered) per batch; clock: monotonic "created" (the job pool was made) and "probed"
+    (the capabilities were known, the jobs about to start). A phase summed over cases cannot show
+    this: a run is slow where jobs sit idle (waiting to start, or for the last batches) as much as
+    where a case is slow."""
+    if not spans:
+        return {}
+    start, first, last = clock["created"], min(s[3] for s in spans), max(s[4] for s in spans)
+    span_s = max(last - start, 1e-9)
+    busy_job_s = sum(done - sent for _, _, _, sent, done in spans)
+    busy_rank_s = sum(world * (done - sent) for _, world, _, sent, done in spans)
+    # The tail: nothing left to send, the jobs finishing what they hold.
+    tail = last - max(s[3] for s in spans)
+    return {"jobs": jobs, "cores": cores, "batches": len(spans),
+            "probing_s": round(clock.get("probed", start) - start, 3),
+            "first_batch_sent_s": round(first - start, 3), "last_answer_s": round(last - start, 3),
+            "jobs_busy_mean": round(busy_job_s / span_s, 2), "ranks_busy_mean": round(busy_rank_s / span_s, 2),
+            "last_batch_s": round(tail, 3),
+            "largest_batches": sorted(([round(d - s, 2), n, w] for _, w, n, s, d in spans), reverse=True)[:5]}
+
+
+def profile(verdicts, wall_s: float, jobs: int, report: dict | None = None, cache: dict | None = None,
+            occupied: dict | None = None) -> dict:
     """The whole run's profile: per-phase totals (overall and per subject), every case's phases, the
-    report writer's phases, the reference cache's hits and misses."""
+    report writer's phases, the reference cache's hits and misses, and with -j N the jobs' occupancy."""
     rows = case_rows(verdicts)
     subjects = sorted({r["subject"] for r in rows})
     return {"wall_seconds": round(wall_s, 3), "jobs": jobs, "cases": len(rows), "totals": _totals(rows),
             "by_subject": {s: {"cases": sum(r["subject"] == s for r in rows),
                                **_totals([r for r in rows if r["subject"] == s])} for s in subjects},
             "report": {k: round(v, 3) for k, v in (report or {}).items()},
-            "reference_cache": dict(cache or {}), "per_case": rows}
+            "reference_cache": dict(cache or {}), "occupancy": dict(occupied or {}), "per_case": rows}
 
 
 def profile_markdown(prof: dict) -> str:
@@ -50,6 +73,16 @@ def profile_markdown(prof: dict) -> str:
         lines += ["", f"Reference cache: {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses."
                   + (f" On disk (--reference-cache): {cache['disk_hits']} of the misses read, {cache['disk_writes']} "
                      f"written, {cache['disk_unreadable']} unreadable and computed again." if "disk_hits" in cache else "")]
+    occupied = prof.get("occupancy") or {}
+    if occupied:
+        lines += ["", "## Occupancy (-j)", "",
+                  f"{occupied['jobs']} jobs on {occupied['cores']} cores, {occupied['batches']} batches. From the job "
+                  f"pool's creation: capabilities probed at {occupied['probing_s']:.1f} s, first batch sent at "
+                  f"{occupied['first_batch_sent_s']:.1f} s, last answered at {occupied['last_answer_s']:.1f} s, "
+                  f"{occupied['last_batch_s']:.1f} s after the last batch was sent. On average {occupied['jobs_busy_mean']:.2f} "
+                  f"jobs held a batch and {occupied['ranks_busy_mean']:.2f} ranks were running. Longest batches "
+                  "(seconds, cases, world size): "
+                  + ", ".join(f"{s:.1f} s x {n} @ {w}" for s, n, w in occupied["largest_batches"]) + "."]
     if prof["report"]:
         lines += ["", "## Writing the report", ""]
         lines += table(("part", "seconds"), [(k, f"{v:.2f}") for k, v in prof["report"].items()]

@@ -29,6 +29,23 @@ def test_pool_phases_split_a_case_by_the_ranks_stamps():
     assert pool_phases(0.0, 10.0, {}, 70.0) == {"rank_start": 0.0, "waiting": 60.0}
 
 
+def test_occupancy_says_how_busy_the_jobs_and_ranks_were():
+    from parity.report.profile import occupancy, profile_markdown
+
+    # Jobs made at 100; probes done at 104; job 0 ran a 2-rank batch 104-110 and a 3-rank one 110-112;
+    # job 1 a 2-rank batch 105-106, then sat idle: 12 s from creation to the last answer.
+    spans = [(0, 2, 5, 104.0, 110.0), (1, 2, 1, 105.0, 106.0), (0, 3, 2, 110.0, 112.0)]
+    got = occupancy(spans, {"created": 100.0, "probed": 104.0}, jobs=2, cores=4)
+    assert got["probing_s"] == 4.0 and got["first_batch_sent_s"] == 4.0 and got["last_answer_s"] == 12.0
+    assert got["jobs_busy_mean"] == round((6 + 1 + 2) / 12, 2)
+    assert got["ranks_busy_mean"] == round((2 * 6 + 2 * 1 + 3 * 2) / 12, 2)
+    assert got["last_batch_s"] == 2.0 and got["largest_batches"][0] == [6.0, 5, 2]
+    assert occupancy([], {"created": 0.0}, 2, 4) == {}
+    prof = {"cases": 0, "jobs": 2, "wall_seconds": 12.0, "totals": {c: 0.0 for c in ("wall", "reference_compute",
+            *PHASES)}, "by_subject": {}, "report": {}, "occupancy": got}
+    assert "capabilities probed at 4.0 s" in profile_markdown(prof)
+
+
 def test_profile_and_passes_on_a_real_case(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--case", CASE, "--passes", "2", "-j", "1",
                            "--profile", "--report", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
