@@ -112,8 +112,20 @@ class Comparison:
             errors, exact = record.numpy(), exact.numpy()
             finite = np.isfinite(exact)
             return errors[:, finite], float(np.abs(exact[finite]).max(initial=0.0))
+        def steps():
+            """The samples' errors of this record at every step of the trajectory (the same kind, name,
+            micro-batch and replica), through the same view: a tensor's few-source structure is the
+            computation's, so its dispersion is estimated over all of them (tolerances.dispersed)."""
+            get()
+            found = []
+            for key, record in self._sampled.records.items():
+                if (key[0], key[2], key[3], key[4]) == (kind, micro, dp, name):
+                    errors = record.numpy()
+                    found.append(errors if view is None else np.stack([view(each) for each in errors]))
+            return found
         if view is not None:
             get.whole = whole
+        get.steps = steps
         return get
 
     def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, **where) -> None:
@@ -137,12 +149,15 @@ class Comparison:
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
             if sampled is not None:
                 tensor_gate = getattr(sampled, "whole", None)  # drops the oracle's nan itself
+                trajectory = getattr(sampled, "steps", None)  # tolerances.dispersed drops each step's nan
 
                 def sampled(whole=sampled, keep=keep):
                     errors = whole()
                     return None if errors is None or errors.shape[1:] != keep.shape else errors[:, keep]
                 if tensor_gate is not None:
                     sampled.whole = tensor_gate
+                if trajectory is not None:
+                    sampled.steps = trajectory
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
         stage_local = name.endswith("[stage]") or self.claims.stage_local
         judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local)

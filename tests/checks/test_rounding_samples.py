@@ -284,6 +284,41 @@ def test_dispersed_samples_widen_the_rms_bound_to_theirs():
     assert not judge_close(oracle * (1 + 12 * U32), ref, oracle, "fp32", lambda: spread).passed
 
 
+def test_dispersion_is_estimated_over_the_records_steps():
+    """Eight samples' range estimates the spread with a noise of about 29% (d3 / d2 for n = 8); a tensor's
+    few-source structure is its computation's, the same at every step, so the spread is also taken as
+    the geometric mean over the record's steps. parity explore --seed 0 (hf_plan_row bf16, vocabulary 2,
+    a k_proj weight-gradient shard): step 1's samples spread 2.46, the five steps' 4.5, 2.5, 4.9, 3.1,
+    4.7 (geometric mean 3.8); the reference 1.96 units, a correct subject 8.6 (1.12x its first bound).
+    A trajectory of agreeing steps leaves the step's own verdict alone."""
+    from parity.checks.tolerances import DISPERSED_SPREAD, RMS_FLOOR_ULPS, RMS_SLACK, dispersed
+
+    n = 256
+    oracle = np.linspace(1.0, 2.0, n)
+    unit = U32 * float(np.sqrt(np.mean(oracle ** 2)))
+
+    def samples(low, high):
+        return np.full((ROUNDING_SAMPLES, n), unit) * np.geomspace(low, high, ROUNDING_SAMPLES)[:, None]
+    step1 = samples(2.6, 6.4)
+    steps = [samples(7.1, 31.9), step1, samples(3.3, 16.0), samples(4.9, 15.0), samples(5.0, 23.5)]
+    assert 6.4 / 2.6 < DISPERSED_SPREAD and not dispersed(step1)
+    assert dispersed(step1, lambda: steps)
+    calm = [samples(2.6, 2.6 * 1.5) for _ in range(4)] + [step1]
+    assert not dispersed(step1, lambda: calm) and not dispersed(step1, lambda: [step1])
+    ref = oracle + 1.96 * unit * np.sign(np.sin(np.arange(n)))
+    got = oracle + 8.6 * unit * np.sign(np.cos(np.arange(n)))
+
+    def sampled():
+        return step1
+    assert not judge_close(got, ref, oracle, "fp32", sampled).passed
+    sampled.steps = lambda: steps
+    assert judge_close(got, ref, oracle, "fp32", sampled).passed
+    # The widened bound is this step's largest sample's (RMS_SLACK x 6.4 + 1 units), not the trajectory's.
+    beyond = oracle + 1.02 * (RMS_SLACK * 6.4 + RMS_FLOOR_ULPS) * unit * np.sign(np.cos(np.arange(n)))
+    judged = judge_close(beyond, ref, oracle, "fp32", sampled)
+    assert not judged.passed and judged.criterion == "dispersed rms"
+
+
 def test_an_inherited_rms_error_gets_the_sharding_slack_and_a_stage_does_not():
     """The part of the reference's RMS error beyond one rounding of the values was inherited from
     upstream (a trained bf16 tied head's input gradient: reference 2.05 units, a correct subject 5.13):
