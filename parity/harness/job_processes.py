@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
@@ -32,6 +33,7 @@ import traceback
 from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
+from parity.harness.rank_worker import die_with_parent
 from parity.harness.runner import Runner, available_cores
 
 # How far down the queue a free slot looks for a batch that fits (far enough to pass a few large
@@ -92,6 +94,12 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # The parent killed (SIGKILL, an OOM killer, a CI timeout) cannot tell this job to stop: the kernel
+    # does, with the same SIGTERM, so its ranks are closed rather than left waiting for ever.
+    die_with_parent(signal.SIGTERM)
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before the kernel was asked
+        sys.exit(143)
     import torch
 
     from parity.checks import compare

@@ -146,7 +146,7 @@ class RankPool:
                      for r in range(self.world_size)]
         self.procs = [ctx.Process(target=rank_main, daemon=True,
                                   args=(r, self.world_size, self.device, self.store.port, self.tasks[r],
-                                        self.results, str(self.logs[r]), dict(os.environ)))
+                                        self.results, str(self.logs[r]), dict(os.environ), os.getpid()))
                       for r in range(self.world_size)]
         for p in self.procs:
             p.start()

@@ -68,23 +68,54 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
                          "facts": facts if isinstance(facts, dict) else {}}
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this rank when the process that started it dies, even by SIGKILL
-    (a job process of parity run -j killed for memory): an orphaned rank would wait on its task
-    queue for ever."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends ``signum`` to this process when the process that started it dies, even
+    by SIGKILL (a job process of parity run -j killed for memory): an orphaned rank would wait on its
+    task queue for ever. A job process asks for SIGTERM, which closes its rank groups first."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     PR_SET_PDEATHSIG = 1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     except (OSError, AttributeError):
         pass
 
 
+def _die_with_owner(owner: int | None) -> None:
+    """Exit when ``owner`` (the process that made this rank's group) is gone. A rank forked from a
+    forkserver has the forkserver as its parent, and the forkserver outlives a killed owner: every
+    rank it forked holds the write end of its "client alive" pipe (multiprocessing passes it on, so a
+    child could use the forkserver too), so it never sees EOF and never exits, and PDEATHSIG (die_with_parent) never
+    fires. Measured: a `parity run` stopped by SIGTERM left its forkserver and five ranks waiting on
+    their queues 36 minutes later. A thread here waits for the owner's exit and ends this process."""
+    if owner is None or owner == os.getppid():
+        return  # spawned by the owner itself: PDEATHSIG covers it
+    import threading
+
+    def watch():
+        try:
+            import select
+
+            fd = os.pidfd_open(owner)  # Linux 5.3: readable once the process has exited
+            select.select([fd], [], [])
+        except (AttributeError, OSError):
+            while True:  # no pidfd: ask every second
+                time.sleep(1.0)
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    continue
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parity-owner-watch", daemon=True).start()
+
+
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
-              log_path: str, environ: dict | None = None) -> None:
+              log_path: str, environ: dict | None = None, owner: int | None = None) -> None:
     if environ is not None:
         # A forked rank has the forkserver's environment, from when it started; the parent's is what
         # counts now (PARITY_MUTANT is set around one mutant's groups, tests set variables).
@@ -94,7 +125,8 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     preload = sys.modules.get("parity.harness.cpu_rank_preload")  # forked from a CPU forkserver
     if preload is not None:
         preload.replay_warnings(log)
-    _die_with_parent()
+    die_with_parent()
+    _die_with_owner(owner)
     # A terminal's Ctrl-C reaches the whole process group; the parent decides what it means (a
     # partial report) and stops its ranks itself, so a rank must not die mid-case on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
