@@ -110,6 +110,8 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
     # runs them on one thread anyway, so the numbers are the parent's).
     torch.set_num_threads(1)
     capabilities.preset(settings["capabilities"])
+    warm_up(settings["runner"].get("start_method", "forkserver"), settings.get("warm_device"),
+            settings.get("warm_imports", ()))
     apply_from_env("parent")  # a planted reference mutant lives where references are computed
     compare.REFERENCE_CACHE_SIZE = settings["reference_cache_size"]
     if settings["reference_disk"]:
@@ -120,6 +122,9 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
             batch = tasks.get()
             if batch is None:
                 break
+            if isinstance(batch, dict):  # capabilities probed since it started (JobProcesses._send)
+                capabilities.preset(batch)
+                continue
             # run_all: a batch's cases are judged while the ranks run the next one (Runner.pipeline)
             for (index, case), verdict in zip(batch, runner.run_all([case for _, case in batch])):
                 try:
@@ -134,6 +139,40 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
         runner.close(force=bool(stopped))  # told to stop: its ranks may be mid-case, kill them
 
 
+def warm_up(start_method: str, device: str | None, imports) -> None:
+    """What a job does before its first batch, while the parent still probes the capabilities: start
+    its rank forkserver for ``device`` (its preload, torch and the frameworks, runs in that process,
+    side by side with this one) and import what its references will need (``imports``: transformers'
+    Llama for the HF subjects, seconds that otherwise fell on the first HF case each job met, at the
+    end of the matrix: the run's tail). Measured with parity run --profile's occupancy."""
+    import importlib
+
+    if device is not None:
+        from parity.harness.rank_pool import start_context
+
+        start_context(start_method, device)
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the case that needs it reports its own import error
+            pass
+
+
+def warm_settings(cases) -> dict:
+    """The device the jobs' first rank groups will start for (the forkserver is made once, for the
+    first; None where the selection holds cuda cases this machine can run, so the first group
+    decides as before) and the modules the selected subjects' references import."""
+    from parity.subjects import SUBJECTS
+
+    cuda = any(c.values.get("device", "cpu") == "cuda" for c in cases)
+    if cuda:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    imports = sorted({m for c in cases for m in SUBJECTS[c.subject].reference_imports})
+    return {"warm_device": None if cuda else "cpu", "warm_imports": imports}
+
+
 class _Job:
     def __init__(self, job_id: int, ctx, settings: dict, results):
         self.id = job_id
@@ -144,6 +183,7 @@ class _Job:
         self.batch: dict = {}  # index -> case, what it was sent and has not answered yet
         self.ranks = 0  # the largest world size of the batch under way
         self.sent = (0.0, 0)  # when the batch under way was sent, and its cases
+        self.answers = dict(settings["capabilities"])  # the capabilities it has (JobProcesses._send)
         self.live: dict = {}  # (world size, device) -> pids, as it last said
         self.stats: dict = {}
 
@@ -171,17 +211,54 @@ class JobProcesses:
         # When each batch was sent and answered, for --profile's occupancy (parity.report.profile).
         self.clock = {"created": time.monotonic()}
         self.spans: list[tuple] = []  # (job id, world size, cases, sent, done) in monotonic seconds
+        self.probing: dict = {}  # capability -> the future of its probe, until answered (_known)
+        self.needs: dict = {}  # a batch's first index -> the capabilities its cases need (_needs)
 
     def _start(self, cases) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from parity.observe import capabilities
 
-        # Probed once here, not once per job (the Triton probe alone is seconds of a child process).
-        wanted = needed_capabilities(cases) - set(self.settings["capabilities"])
-        self.settings["capabilities"].update({name: capabilities.missing(name) for name in sorted(wanted)})
-        self.clock.setdefault("probed", time.monotonic())
+        # Probed once here, not once per job, each probe a child process of seconds (Triton's
+        # interpreter, megatron's import): side by side, in threads, while the jobs start and run the
+        # batches that need none of them; a batch that needs one waits for its answer, which reaches a
+        # job's queue before that batch (_send). One after the other, before any job started, they
+        # took 11.3 s on the H200 host's 16 cores (results/perf/h200-16-cores-r6); with every batch
+        # waiting for all of them, 24.8 s among the jobs' own start-up.
+        wanted = sorted(needed_capabilities(cases) - set(self.settings["capabilities"]) - set(self.probing))
+        if wanted:
+            prober = ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="parity-probe")
+            self.probing.update({name: prober.submit(capabilities.missing, name) for name in wanted})
+            prober.shutdown(wait=False)
+        if not self.pool:
+            self.settings.update(warm_settings(cases))
         while len(self.pool) < self.jobs:
             self.pool.append(_Job(self.started, self.ctx, self.settings, self.results))
             self.started += 1
+
+    def _known(self) -> dict:
+        """The capabilities answered so far (a finished probe moves from probing to the settings)."""
+        for name, future in list(self.probing.items()):
+            if future.done():
+                self.settings["capabilities"][name] = future.result()
+                del self.probing[name]
+                self.clock["probed"] = time.monotonic()
+        return self.settings["capabilities"]
+
+    def _needs(self, batch) -> set:
+        """The capabilities a batch's cases need, decided once per batch (keyed by its first index)."""
+        key = batch[0][0]
+        if key not in self.needs:
+            self.needs[key] = needed_capabilities(case for _, case in batch)
+        return self.needs[key]
+
+    def _send(self, job, batch) -> None:
+        """The batch, after the answers this job has not had yet (it presets them before the batch)."""
+        news = {k: v for k, v in self._known().items() if k not in job.answers}
+        if news:
+            job.tasks.put(news)
+            job.answers.update(news)
+        job.tasks.put(batch)
 
     def run_all(self, cases):
         """Yield every case's verdict, in the cases' order."""
@@ -216,8 +293,10 @@ class JobProcesses:
             # Once the head was passed LOOKAHEAD times the others wait for it, so a large batch is
             # not starved (and the verdicts behind it are not held back) until the very end.
             window = 1 if self.head_passed >= LOOKAHEAD else LOOKAHEAD
+            known = self._known()
             fits = next((i for i, batch in enumerate(itertools.islice(pending, window))
-                         if not busy or busy + batch[0][1].world_size <= self.cores), None)
+                         if (not busy or busy + batch[0][1].world_size <= self.cores)
+                         and self._needs(batch) <= known.keys()), None)
             if fits is None:
                 return
             self.head_passed = self.head_passed + 1 if fits else 0
@@ -230,7 +309,7 @@ class JobProcesses:
             job.sent = (time.monotonic(), len(batch))
             job.ranks = world
             job.live.setdefault((world, device), [])  # warm by the time the next such batch comes
-            job.tasks.put(batch)
+            self._send(job, batch)
 
     def _collect(self, done: dict) -> None:
         try:

@@ -101,6 +101,7 @@ class HFPlanHead(EngineHead):
     """Engine loop over a HF model: ``engine(input_ids=..., labels=...)`` returns a ModelOutput."""
 
     axes = HF_AXES
+    reference_imports = ("transformers.models.llama.modeling_llama",)
 
     def lm_head_style(self, values: dict) -> str | None:
         return None  # None: the plan transformers wrote
@@ -205,6 +206,7 @@ class HFPlanRowHead(HFPlanHead):
     description = ("HF tp_plan path: lm_head 'rowwise' -> LinearAllreduceWithReplicatedInput (weight sharded on "
                    "hidden), full logits; attention/MLP sharded by the model's plan; HF's loss.")
     axes = HF_AXES
+    reference_imports = ("transformers.models.llama.modeling_llama",)
 
     def lm_head_style(self, values):
         return "rowwise"

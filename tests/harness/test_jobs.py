@@ -129,7 +129,10 @@ def test_dispatch_passes_a_batch_that_does_not_fit_but_not_for_ever():
     def stub_jobs(n, busy_ranks):
         jobs = JobProcesses.__new__(JobProcesses)
         jobs.cores, jobs.head_passed, jobs._replace_dead = 4, 0, lambda done: None
-        jobs.pool = [Job(batch={}, ranks=0, live={}, tasks=SimpleNamespace(put=lambda b: None)) for _ in range(n)]
+        jobs.settings, jobs.probing, jobs.clock = {"capabilities": {}}, {}, {}
+        jobs._needs = lambda batch: set()
+        jobs.pool = [Job(batch={}, ranks=0, live={}, answers={}, tasks=SimpleNamespace(put=lambda b: None))
+                     for _ in range(n)]
         jobs.pool[0].batch, jobs.pool[0].ranks = {9: None}, busy_ranks
         return jobs
 
@@ -141,3 +144,38 @@ def test_dispatch_passes_a_batch_that_does_not_fit_but_not_for_ever():
     pending = deque([batch(4), batch(2)])
     jobs._dispatch(pending, {})
     assert len(pending) == 2  # passed often enough: the rest wait for it
+
+
+def test_a_batch_waits_for_the_probe_it_needs_and_the_others_do_not():
+    """Capabilities are probed in threads while the jobs run what needs none of them; a job hears
+    an answer on its queue before the first batch that needs it (JobProcesses._send)."""
+    from collections import deque
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from parity.harness.job_processes import JobProcesses
+
+    class Job(SimpleNamespace):
+        idle = property(lambda self: not self.batch)
+
+    sent = []
+    jobs = JobProcesses.__new__(JobProcesses)
+    jobs.cores, jobs.head_passed, jobs._replace_dead = 8, 0, lambda done: None
+    probe = Future()
+    jobs.settings, jobs.probing, jobs.clock = {"capabilities": {"cuda": "no"}}, {"triton_interpreter": probe}, {}
+    needs = {0: {"triton_interpreter"}, 1: set(), 2: {"cuda"}}
+    jobs._needs = lambda batch: needs[batch[0][0]]
+    jobs.pool = [Job(id=i, batch={}, ranks=0, live={}, answers={}, sent=(0.0, 0),
+                     tasks=SimpleNamespace(put=lambda item, i=i: sent.append((i, item)))) for i in range(3)]
+
+    def batch(index):
+        return [(index, SimpleNamespace(world_size=2, values={"device": "cpu"}))]
+    pending = deque([batch(0), batch(1), batch(2)])
+    jobs._dispatch(pending, {})
+    assert [b[0][0] for b in pending] == [0]  # the two that need no unanswered probe went
+    assert sent[0] == (0, {"cuda": "no"}) and sent[1][1][0][0] == 1  # answers first, then the batch
+    probe.set_result(None)
+    jobs._dispatch(pending, {})
+    assert not pending
+    assert sent[-2] == (2, {"cuda": "no", "triton_interpreter": None}) and sent[-1][1][0][0] == 0
+    assert jobs.settings["capabilities"]["triton_interpreter"] is None and not jobs.probing
