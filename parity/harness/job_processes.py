@@ -208,7 +208,7 @@ class JobProcesses:
         self.pool: list[_Job] = []
         self.started = 0
         self.head_passed = 0  # batches sent ahead of the first in line since it became first
-        # When each batch was sent and answered, for --profile's occupancy (parity.report.profile).
+        # When each batch was sent and answered, for --profile's occupancy (parity.harness.timing).
         self.clock = {"created": time.monotonic()}
         self.spans: list[tuple] = []  # (job id, world size, cases, sent, done) in monotonic seconds
         self.probing: dict = {}  # capability -> the future of its probe, until answered (_known)
@@ -348,9 +348,9 @@ class JobProcesses:
         return found
 
     def occupancy(self) -> dict:
-        """How busy the jobs and the cores were (parity.report.profile.occupancy), from every batch's
+        """How busy the jobs and the cores were (parity.harness.timing.occupancy), from every batch's
         send and answer times since this object was made."""
-        from parity.report.profile import occupancy
+        from parity.harness.timing import occupancy
 
         return occupancy(self.spans, self.clock, self.jobs, self.cores)
 

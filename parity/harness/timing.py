@@ -56,3 +56,25 @@ def close_case(timing: dict, wall_s: float) -> dict:
     out["reference_compute"] = round(timing.get("reference_compute", 0.0), 6)
     out["wall"] = round(wall_s, 6)
     return out
+
+
+def occupancy(spans, clock: dict, jobs: int, cores: int) -> dict:
+    """With -j N: how much of the run the jobs and the cores had work. spans: (job id, world size,
+    cases, sent, answered) per batch; clock: monotonic "created" (the job pool was made) and "probed"
+    (the capabilities were known, the jobs about to start). A phase summed over cases cannot show
+    this: a run is slow where jobs sit idle (waiting to start, or for the last batches) as much as
+    where a case is slow."""
+    if not spans:
+        return {}
+    start, first, last = clock["created"], min(s[3] for s in spans), max(s[4] for s in spans)
+    span_s = max(last - start, 1e-9)
+    busy_job_s = sum(done - sent for _, _, _, sent, done in spans)
+    busy_rank_s = sum(world * (done - sent) for _, world, _, sent, done in spans)
+    # The tail: nothing left to send, the jobs finishing what they hold.
+    tail = last - max(s[3] for s in spans)
+    return {"jobs": jobs, "cores": cores, "batches": len(spans),
+            "probing_s": round(clock.get("probed", start) - start, 3),
+            "first_batch_sent_s": round(first - start, 3), "last_answer_s": round(last - start, 3),
+            "jobs_busy_mean": round(busy_job_s / span_s, 2), "ranks_busy_mean": round(busy_rank_s / span_s, 2),
+            "last_batch_s": round(tail, 3),
+            "largest_batches": sorted(([round(d - s, 2), n, w] for _, w, n, s, d in spans), reverse=True)[:5]}

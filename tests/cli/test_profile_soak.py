@@ -30,7 +30,8 @@ def test_pool_phases_split_a_case_by_the_ranks_stamps():
 
 
 def test_occupancy_says_how_busy_the_jobs_and_ranks_were():
-    from parity.report.profile import occupancy, profile_markdown
+    from parity.harness.timing import occupancy
+    from parity.report.profile import profile_markdown
 
     # Jobs made at 100; probes done at 104; job 0 ran a 2-rank batch 104-110 and a 3-rank one 110-112;
     # job 1 a 2-rank batch 105-106, then sat idle: 12 s from creation to the last answer.
