@@ -88,41 +88,42 @@ class Comparison:
         """The dtype a record's rounding floor is measured in (parity.checks.tolerances)."""
         return self.reference.floor_dtypes.get(kind, self.dtype)
 
+    def rounding_samples(self):
+        """The rounding samples' errors of every record (parity/checks/rounding.py), taken the first time
+        a check needs them."""
+        if self._sampled is None:
+            self._sampled = rounding.cached_sampled_error(self.subject, self.values, self.oracle, ROUNDING_SAMPLES)
+        return self._sampled
+
     def sampled_error(self, kind, step, micro, dp, name, view=None):
         """For close(): a callable giving the rounding samples' error of this record, seen through
         ``view`` (a rank's shard), or None where the reruns have no such record. Lazy: judge_close
         calls it only where a tensor misses a bound the samples may widen (parity.checks.tolerances)."""
+        def seen(record):
+            errors = record.numpy()
+            return errors if view is None else np.stack([view(each) for each in errors])
+
         def get():
-            if self._sampled is None:
-                self._sampled = rounding.cached_sampled_error(self.subject, self.values, self.oracle,
-                                                              ROUNDING_SAMPLES)
-            record = self._sampled.records.get((kind, step, micro, dp, name))
-            if record is None:
-                return None
-            return record.numpy() if view is None else np.stack([view(each) for each in record.numpy()])
+            record = self.rounding_samples().records.get((kind, step, micro, dp, name))
+            return None if record is None else seen(record)
 
         def whole():
             """The samples' errors over the whole tensor and its max|oracle|, where a shard needs its
             tensor's gate (parity.checks.tolerances, judge_close); entries the oracle leaves nan drop out."""
-            errors = get()  # takes the samples, as a shard's get() already did
-            record = self._sampled.records.get((kind, step, micro, dp, name))
+            record = self.rounding_samples().records.get((kind, step, micro, dp, name))
             exact = self.oracle.records.get((rounding.ORACLE_KIND.get(kind, kind), step, micro, dp, name))
-            if errors is None or record is None or exact is None:
+            if record is None or exact is None:
                 return None
             errors, exact = record.numpy(), exact.numpy()
             finite = np.isfinite(exact)
             return errors[:, finite], float(np.abs(exact[finite]).max(initial=0.0))
+
         def steps():
             """The samples' errors of this record at every step of the trajectory (the same kind, name,
             micro-batch and replica), through the same view: a tensor's few-source structure is the
             computation's, so its dispersion is estimated over all of them (tolerances.dispersed)."""
-            get()
-            found = []
-            for key, record in self._sampled.records.items():
-                if (key[0], key[2], key[3], key[4]) == (kind, micro, dp, name):
-                    errors = record.numpy()
-                    found.append(errors if view is None else np.stack([view(each) for each in errors]))
-            return found
+            return [seen(record) for key, record in self.rounding_samples().records.items()
+                    if (key[0], key[2], key[3], key[4]) == (kind, micro, dp, name)]
         if view is not None:
             get.whole = whole
         get.steps = steps

@@ -162,13 +162,10 @@ def warm_settings(cases) -> dict:
     """The device the jobs' first rank groups will start for (the forkserver is made once, for the
     first; None where the selection holds cuda cases this machine can run, so the first group
     decides as before) and the modules the selected subjects' references import."""
+    from parity.observe import capabilities
     from parity.subjects import SUBJECTS
 
-    cuda = any(c.values.get("device", "cpu") == "cuda" for c in cases)
-    if cuda:
-        import torch
-
-        cuda = torch.cuda.is_available()
+    cuda = any(c.values.get("device", "cpu") == "cuda" for c in cases) and capabilities.missing("cuda") is None
     imports = sorted({m for c in cases for m in SUBJECTS[c.subject].reference_imports})
     return {"warm_device": None if cuda else "cpu", "warm_imports": imports}
 

@@ -112,8 +112,8 @@ def _die_with_owner(owner: int | None) -> None:
     """Exit when ``owner`` (the process that made this rank's group) is gone. A rank forked from a
     forkserver has the forkserver as its parent, and the forkserver outlives a killed owner: every
     rank it forked holds the write end of its "client alive" pipe (multiprocessing passes it on, so a
-    child could use the forkserver too), so it never sees EOF and never exits, and PDEATHSIG (die_with_parent) never
-    fires. Measured: a `parity run` stopped by SIGTERM left its forkserver and five ranks waiting on
+    child could use the forkserver too), so it never sees EOF and never exits, and PDEATHSIG
+    (die_with_parent) never fires. Measured: a `parity run` stopped by SIGTERM left its forkserver and five ranks waiting on
     their queues 36 minutes later. A thread here waits for the owner's exit and ends this process."""
     if owner is None or owner == os.getppid():
         return  # spawned by the owner itself: PDEATHSIG covers it

@@ -206,7 +206,6 @@ class HFPlanRowHead(HFPlanHead):
     description = ("HF tp_plan path: lm_head 'rowwise' -> LinearAllreduceWithReplicatedInput (weight sharded on "
                    "hidden), full logits; attention/MLP sharded by the model's plan; HF's loss.")
     axes = HF_AXES
-    reference_imports = ("transformers.models.llama.modeling_llama",)
 
     def lm_head_style(self, values):
         return "rowwise"

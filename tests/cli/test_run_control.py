@@ -77,28 +77,26 @@ def test_ctrl_c_prints_what_ran_and_writes_a_partial_report(tmp_path, jobs):
     assert summary["not_run"] == [{"id": i, "reason": "not run: interrupted (Ctrl-C)"} for i in (HANGS, FAILS)]
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _alive(processes) -> list:
+    import psutil
+
+    alive = []
+    for p in processes:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find a run's processes")
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_killed_run_leaves_no_rank_behind(jobs):
     """SIGKILL (an OOM killer, a CI timeout) gives parity run no chance to close its ranks. Forked from
     a forkserver, they are not its children, and the forkserver outlives it (each rank holds its alive
     pipe): without rank_worker._die_with_owner they waited on their queues for ever."""
+    import psutil
+
     proc = subprocess.Popen([sys.executable, "-m", "parity.cli", "run", "--matrix", FAULTY, "--case", PASSES,
                              "--case", HANGS, "--timeout", "200", "-j", jobs],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -106,20 +104,19 @@ def test_a_killed_run_leaves_no_rank_behind(jobs):
         if line.startswith("[1/2]"):
             break
     time.sleep(2)
-    left = _descendants(proc.pid)
+    left = psutil.Process(proc.pid).children(recursive=True)
     assert left, "no rank processes found under the run"
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = {pid for pid in left if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
-        if not left:
-            break
+    while (left := _alive(left)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)  # leave nothing behind for the next test either
-    assert not left, f"processes of the killed run still alive 30 s later: {sorted(left)}"
+    for p in left:  # leave nothing behind for the next test either
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"processes of the killed run still alive 30 s later: {sorted(p.pid for p in left)}"
 
 
 def test_subject_module_from_the_current_directory_as_the_console_script_runs(tmp_path):
