@@ -12,6 +12,7 @@ import torch
 
 from parity.observe.dtypes import DTYPES
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
+from parity.observe.process_functions import TORCH_LINEAR
 from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
@@ -209,6 +210,10 @@ class Comparison:
                 self.add(f"shared_param[{a}={b}]", found_shared is True, rank=rank,
                          detail="one Parameter" if found_shared else
                          ("not observed" if found_shared is None else "two different Parameters: the tie is broken"))
+            linear = o.facts.get("functional_linear")
+            if linear is not None:  # what the case's model ran (parity/observe/process_functions.py)
+                self.add("functional_linear", linear == TORCH_LINEAR, rank=rank,
+                         detail=f"the model ran {linear}; an untouched process has {TORCH_LINEAR}")
             state = o.facts.get("state_at_start")
             self.add("process_state_reset", state == self.subject.clean_state, rank=rank,
                      detail=f"found {state}, expected {self.subject.clean_state}")

@@ -34,6 +34,8 @@ HELD_AXES = {
                          "(cases/loss_backward.toml)"),
     "targets": ("valid", "an out-of-range target is a refusal by contract (cases/liger_ce.toml)"),
     "device": ("cpu", "cuda cases run on GPU machines (parity run --device cuda)"),
+    "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
+                         "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
 }
 # Subjects not searched: ds_reject's variants are fixed refusal scenarios, one case each.
 NOT_EXPLORED = {"ds_reject": "its cases are documented refusals, one per variant, not a parity domain"}

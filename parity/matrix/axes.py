@@ -103,6 +103,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
          help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
               "(megatron vocab-parallel subjects only)"),
+    Axis("process", ("fresh", "after_zero3"), "fresh", lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3"}[v],
+         quiet_default=True,
+         help="the rank process a case's model is built in: fresh (the harness puts back what earlier cases left "
+              "replaced), or one where a ZeRO 3 engine ran and was destroyed first, as in a user's process that "
+              "trains a second model after a ZeRO 3 run (the user's path the harness's reset would hide)"),
     Axis("seed", None, 0, lambda v: f"seed{v}", minimum=0, quiet_default=True,
          help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
               "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "

@@ -15,6 +15,7 @@ import torch
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
+from parity.observe.process_functions import functional_linear
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model, capture_head_input_and_grad
@@ -329,6 +330,20 @@ class EngineHead(Subject):
         """Facts about the model worth recording before DeepSpeed rewrites it."""
         return {}
 
+    def run_zero3_engine_first(self, values: dict, ctx: RankContext) -> None:
+        """process = after_zero3: the same model under a ZeRO 3 engine, built and destroyed in this rank
+        process before the case's own model, as a user's earlier run in the same process (a notebook, a
+        sweep, a trainer's second model). What it leaves behind stays for the case."""
+        import deepspeed
+
+        first = {**values, "zero": 3}
+        train = self.training_spec(first)
+        model = self.build(first, DTYPES[first["dtype"]]).to(ctx.device)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
+                                          config=self.ds_config(first, train))
+        engine.destroy()
+
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         import deepspeed
         from deepspeed.utils import safe_get_full_grad
@@ -338,8 +353,11 @@ class EngineHead(Subject):
         install_tp_groups(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
+        if values.get("process", "fresh") == "after_zero3":
+            self.run_zero3_engine_first(values, ctx)
         model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["functional_linear"] = functional_linear()
         obs.facts.update(self.model_facts(model))
         backend_log: list = []
         with record_loss_backend(backend_log):
@@ -404,7 +422,7 @@ class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = {**COMMON_AXES, "ignore_index": None}
+    axes = {**COMMON_AXES, "ignore_index": None, "process": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]

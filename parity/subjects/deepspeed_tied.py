@@ -74,7 +74,7 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
-    axes = {**VocabParallelHead.axes, "head": ("lm_head",), **TIED_AXES}
+    axes = {**VocabParallelHead.axes, "head": ("lm_head",), **TIED_AXES, "process": None}
 
     def claims(self, values):
         base = super().claims(values)
