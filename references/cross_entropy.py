@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from references.loss import token_losses
+from references.loss import token_entropies, token_losses
 from references.seeding import exact_inputs
 from references.trajectory import Trajectory
 
@@ -68,14 +68,19 @@ def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: st
 
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
-                 reduction: str = "none", backward: str = "once") -> Trajectory:
+                 reduction: str = "none", backward: str = "once", measure: str = "ce") -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
-    "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v))."""
+    "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
+    measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
+    takes no targets; reduction "none")."""
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
-    loss = reduce_losses(token_losses(x, targets, ignore_index), targets, reduction, ignore_index)
+    if measure == "entropy":
+        loss = token_entropies(x)
+    else:
+        loss = reduce_losses(token_losses(x, targets, ignore_index), targets, reduction, ignore_index)
     objective = upstream_objective(loss, upstream, reduction)
     traj = Trajectory()
     if backward == "create_graph":

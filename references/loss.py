@@ -31,6 +31,16 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
     return torch.where(valid, losses, torch.zeros_like(log_norm))
 
 
+def token_entropies(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy of softmax(logits) per token, -sum_i p_i log p_i over the whole vocabulary, upcast to
+    float32 as token_losses is: what plain torch gives a user who computes it from the full logits
+    (torch.distributions.Categorical(logits=logits.float()).entropy(), and the RL libraries'
+    entropy_from_logits, which use this form)."""
+    compute = logits if logits.dtype == torch.float64 else logits.float()
+    log_p = compute - compute.logsumexp(dim=-1, keepdim=True)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
 def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None, label_smoothing=0.0):
     """reduction: none -> per-token losses [B, T-1]; sum; mean over non-ignored tokens;
     num_items -> sum / num_items_in_batch (HF Trainer's token-count normalisation)."""

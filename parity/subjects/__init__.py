@@ -14,7 +14,8 @@ import sys
 
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
-                                         DeepSpeedVocabParallelCE)
+                                         DeepSpeedVocabParallelCE, DeepSpeedVocabParallelEntropy,
+                                         DeepSpeedVocabParallelLogProbs)
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embed_spec import EmbeddingSpecHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
@@ -31,7 +32,8 @@ from parity.subjects.torch_tp import (TorchColumnGatheredHead, TorchRowParallelH
 
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
-                                DeepSpeedFusedLinearCE(), TiedRowParallelHead(), TiedVocabParallelHead(),
+                                DeepSpeedFusedLinearCE(), DeepSpeedVocabParallelLogProbs(), DeepSpeedVocabParallelEntropy(),
+                                TiedRowParallelHead(), TiedVocabParallelHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),

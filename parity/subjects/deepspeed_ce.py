@@ -20,9 +20,9 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
 from parity.observe.dtypes import DTYPES
-from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
+from references.cross_entropy import ce_reference, linear_ce_inputs, linear_ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
@@ -52,6 +52,50 @@ class DeepSpeedVocabParallelCE(LogitsCE):
         return vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
                                             vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
                                             reduction=values["reduction"], backend="torch")
+
+
+class DeepSpeedVocabParallelLogProbs(LogitsCE):
+    """deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs: the log-probability of each target
+    under vocabulary-sharded logits (the RL losses' op), 0 at ignored targets. Its negative is the
+    per-token cross entropy, so it is held to the same reference (a user's
+    log_softmax(full logits).gather(target), which the suite computes as -CE)."""
+
+    name = "ds_vocab_logprobs"
+    description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs on vocabulary shards (its "
+                   "negative: the per-token CE)")
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None}
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_logprobs
+
+        setup_deepspeed(ctx)
+        return -vocab_parallel_logprobs(local, targets, tp_group=group, vocab_start_index=part.start,
+                                        vocab_end_index=part.stop, ignore_index=IGNORE_INDEX)
+
+
+class DeepSpeedVocabParallelEntropy(LogitsCE):
+    """deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy: each token's softmax entropy under
+    vocabulary-sharded logits (RL's entropy bonus), against the entropy of the full logits."""
+
+    name = "ds_vocab_entropy"
+    description = "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy on vocabulary shards"
+    axes = {"dtype": None, "vocab": None, "tp": None, "device": None}
+
+    def training_spec(self, values):
+        return super().training_spec({**values, "ignore": "none"})
+
+    def reference(self, values, compute_dtype=None):
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], "none", DTYPES[values["dtype"]],
+                            compute_dtype, IGNORE_INDEX, measure="entropy")
+
+    def run_rank(self, values, ctx):
+        return super().run_rank({**values, "ignore": "none"}, ctx)
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_entropy
+
+        setup_deepspeed(ctx)
+        return vocab_parallel_entropy(local, tp_group=group)
 
 
 class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
