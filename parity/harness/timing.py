@@ -60,7 +60,7 @@ def close_case(timing: dict, wall_s: float) -> dict:
 
 def occupancy(spans, clock: dict, jobs: int, cores: int) -> dict:
     """With -j N: how much of the run the jobs and the cores had work. spans: (job id, world size,
-    cases, sent, answered) per batch; clock: monotonic "created" (the job pool was made) and "probed"
+    cases, sent, answered[, subject]) per batch; clock: monotonic "created" (the job pool was made) and "probed"
     (the capabilities were known, the jobs about to start). A phase summed over cases cannot show
     this: a run is slow where jobs sit idle (waiting to start, or for the last batches) as much as
     where a case is slow."""
@@ -68,8 +68,8 @@ def occupancy(spans, clock: dict, jobs: int, cores: int) -> dict:
         return {}
     start, first, last = clock["created"], min(s[3] for s in spans), max(s[4] for s in spans)
     span_s = max(last - start, 1e-9)
-    busy_job_s = sum(done - sent for _, _, _, sent, done in spans)
-    busy_rank_s = sum(world * (done - sent) for _, world, _, sent, done in spans)
+    busy_job_s = sum(s[4] - s[3] for s in spans)
+    busy_rank_s = sum(s[1] * (s[4] - s[3]) for s in spans)
     # The tail: nothing left to send, the jobs finishing what they hold.
     tail = last - max(s[3] for s in spans)
     return {"jobs": jobs, "cores": cores, "batches": len(spans),
@@ -77,4 +77,7 @@ def occupancy(spans, clock: dict, jobs: int, cores: int) -> dict:
             "first_batch_sent_s": round(first - start, 3), "last_answer_s": round(last - start, 3),
             "jobs_busy_mean": round(busy_job_s / span_s, 2), "ranks_busy_mean": round(busy_rank_s / span_s, 2),
             "last_batch_s": round(tail, 3),
-            "largest_batches": sorted(([round(d - s, 2), n, w] for _, w, n, s, d in spans), reverse=True)[:5]}
+            # [seconds, cases, world size, subject, sent at (seconds from the pool's creation)]: where a long
+            # batch went late, it is the tail
+            "largest_batches": sorted(([round(s[4] - s[3], 2), s[2], s[1], s[5] if len(s) > 5 else "",
+                                        round(s[3] - start, 1)] for s in spans), reverse=True)[:8]}

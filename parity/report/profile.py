@@ -60,7 +60,8 @@ def profile_markdown(prof: dict) -> str:
                   f"{occupied['last_batch_s']:.1f} s after the last batch was sent. On average {occupied['jobs_busy_mean']:.2f} "
                   f"jobs held a batch and {occupied['ranks_busy_mean']:.2f} ranks were running. Longest batches "
                   "(seconds, cases, world size): "
-                  + ", ".join(f"{s:.1f} s x {n} @ {w}" for s, n, w in occupied["largest_batches"]) + "."]
+                  + ", ".join(f"{b[0]:.1f} s x {b[1]} @ {b[2]}" + (f" ({b[3]}, sent at {b[4]:.1f} s)" if len(b) > 3 else "")
+                              for b in occupied["largest_batches"]) + "."]
     if prof["report"]:
         lines += ["", "## Writing the report", ""]
         lines += table(("part", "seconds"), [(k, f"{v:.2f}") for k, v in prof["report"].items()]

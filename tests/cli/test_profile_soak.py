@@ -29,6 +29,11 @@ def test_pool_phases_split_a_case_by_the_ranks_stamps():
     assert pool_phases(0.0, 10.0, {}, 70.0) == {"rank_start": 0.0, "waiting": 60.0}
 
 
+def prof_base() -> dict:
+    return {"cases": 0, "jobs": 2, "wall_seconds": 12.0, "totals": {c: 0.0 for c in ("wall", "reference_compute",
+            *PHASES)}, "by_subject": {}, "report": {}}
+
+
 def test_occupancy_says_how_busy_the_jobs_and_ranks_were():
     from parity.harness.timing import occupancy
     from parity.report.profile import profile_markdown
@@ -40,10 +45,12 @@ def test_occupancy_says_how_busy_the_jobs_and_ranks_were():
     assert got["probing_s"] == 4.0 and got["first_batch_sent_s"] == 4.0 and got["last_answer_s"] == 12.0
     assert got["jobs_busy_mean"] == round((6 + 1 + 2) / 12, 2)
     assert got["ranks_busy_mean"] == round((2 * 6 + 2 * 1 + 3 * 2) / 12, 2)
-    assert got["last_batch_s"] == 2.0 and got["largest_batches"][0] == [6.0, 5, 2]
+    assert got["last_batch_s"] == 2.0 and got["largest_batches"][0] == [6.0, 5, 2, "", 4.0]
+    named = occupancy([(0, 2, 5, 104.0, 110.0, "vocab_parallel")], {"created": 100.0}, jobs=1, cores=4)
+    assert named["largest_batches"][0] == [6.0, 5, 2, "vocab_parallel", 4.0]
+    assert "(vocab_parallel, sent at 4.0 s)" in profile_markdown({**prof_base(), "occupancy": named})
     assert occupancy([], {"created": 0.0}, 2, 4) == {}
-    prof = {"cases": 0, "jobs": 2, "wall_seconds": 12.0, "totals": {c: 0.0 for c in ("wall", "reference_compute",
-            *PHASES)}, "by_subject": {}, "report": {}, "occupancy": got}
+    prof = {**prof_base(), "occupancy": got}
     assert "capabilities probed at 4.0 s" in profile_markdown(prof)
 
 
