@@ -33,6 +33,7 @@ import traceback
 from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
+from parity.harness.job_start import job_entry
 from parity.harness.rank_worker import die_with_parent
 from parity.harness.runner import Runner, available_cores
 
@@ -188,7 +189,7 @@ class _Job:
     def __init__(self, job_id: int, ctx, settings: dict, results):
         self.id = job_id
         self.tasks = ctx.Queue()
-        self.proc = ctx.Process(target=job_main, args=(job_id, settings, self.tasks, results),
+        self.proc = ctx.Process(target=job_entry, args=(job_id, settings, self.tasks, results),
                                 name=f"parity-job-{job_id}", daemon=False)
         self.proc.start()
         self.batch: dict = {}  # index -> case, what it was sent and has not answered yet
