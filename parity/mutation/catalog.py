@@ -39,12 +39,13 @@ DS_LIGER_NO_GROUP = "ds_liger_no_group"
 HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
 T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel"
 T_EMBED = "torch_vocab_embedding"
+DS_LOGPROBS, DS_ENTROPY = "ds_vocab_logprobs", "ds_vocab_entropy"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED)
+            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY)
 
 
 @dataclass(frozen=True)
@@ -486,6 +487,54 @@ def _ce_backward_no_target_term():
         return grad_logits.to(dtype=ctx.logits_dtype), None, None, None, None, None
 
     return _swap(_ce()._VocabParallelCrossEntropy, "backward", staticmethod(backward))
+
+
+def _ops():
+    import importlib
+
+    return importlib.import_module("deepspeed.sequence.vocab_parallel_ops")
+
+
+def _ops_stats_local_max():
+    ops = _ops()
+    original = ops._softmax_stats
+
+    def _softmax_stats(logits_2d_list, tp_group):
+        # upstream all-reduces the row maxima (ReduceOp.MAX) before the exp-sums: here each rank keeps
+        # its own, and the summed exp(z - max) mixes shifts
+        real = ops.dist.all_reduce
+
+        def all_reduce(tensor, op=None, group=None, **kwargs):
+            if op == ops.dist.ReduceOp.MAX:
+                return None
+            return real(tensor, op=op, group=group, **kwargs)
+        ops.dist.all_reduce = all_reduce
+        try:
+            return original(logits_2d_list, tp_group)
+        finally:
+            ops.dist.all_reduce = real
+
+    return _swap(ops, "_softmax_stats", _softmax_stats)
+
+
+def _ops_logprobs_backward_no_target_term():
+    ops = _ops()
+
+    def backward(ctx, grad_output):
+        vocab_parallel_logits, global_max, log_sum_exp, local_index, index_in_partition, valid_index = ctx.saved_tensors
+        logits = ops._flatten(vocab_parallel_logits)
+        grad_output = grad_output.reshape(valid_index.shape).float() * valid_index
+        grad_sum = grad_output.sum(dim=-1, keepdim=True)
+        zero_grad_row = ~valid_index.any(dim=-1, keepdim=True) | ops._undefined_rows(global_max)
+        grad_logits = ops.torch.empty_like(logits)
+        for rows in ops._row_chunks(logits):
+            grad_chunk = ops.torch.exp(ops._log_softmax(logits[rows], global_max[rows], log_sum_exp[rows])) * -grad_sum[rows]
+            grad_chunk.masked_fill_(zero_grad_row[rows], 0.0)
+            # upstream adds the requested ids' own gradient here (scatter_add_ of index_grad)
+            grad_logits[rows] = grad_chunk
+        return grad_logits.view_as(vocab_parallel_logits), None, None, None, None
+
+    return _swap(ops._VocabParallelLogProbs, "backward", staticmethod(backward))
 
 
 def _ce_mean_counts_ignored():
@@ -1051,6 +1100,16 @@ MUTANTS = [
            "all-reduce (a bandwidth 'optimisation'), then back to fp32",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
            (VOCAB, DS_CE, TIED_VOCAB), _ce_forward_mutant(sum_exp_in_logits_dtype=True)),
+    Mutant("ops_softmax_stats_local_max",
+           "vocab_parallel_ops._softmax_stats leaves out the row maxima's MAX all-reduce: every rank shifts its "
+           "exp-sum by its own maximum, and the all-reduced sum mixes the shifts",
+           "deepspeed.sequence.vocab_parallel_ops._softmax_stats", "loss / collectives", (DS_LOGPROBS, DS_ENTROPY),
+           _ops_stats_local_max),
+    Mutant("ops_logprobs_backward_no_target_term",
+           "_VocabParallelLogProbs.backward drops the requested ids' own term (onehot): the logits gradient is "
+           "-softmax x upstream alone",
+           "deepspeed.sequence.vocab_parallel_ops._VocabParallelLogProbs.backward", "logits_grad", (DS_LOGPROBS,),
+           _ops_logprobs_backward_no_target_term),
     Mutant("ce_reduced_in_logits_dtype",
            "vocab_parallel_cross_entropy sums (and averages) the per-token losses in the logits dtype instead of "
            "the fp32 the CE returns: a bf16/fp16 loss",

@@ -72,6 +72,9 @@ SELECTION = {
         "vocab_parallel_embedding-fp32-v35-h32-gas2-tp2-cpu-nopad",
         "vocab_parallel_embedding-bf16-v34-h32-gas2-tp2-cpu-padlast",
     ],
+    catalog.DS_LOGPROBS: ["ds_vocab_logprobs-fp32-v35-ign_scattered-tp3-cpu",
+                          "ds_vocab_logprobs-bf16-v35-ign_scattered-tp2-cpu"],
+    catalog.DS_ENTROPY: ["ds_vocab_entropy-fp32-v35-tp3-cpu"],
     catalog.DS_CE: [
         "ds_vocab_ce-fp32-mean-v35-ign_scattered-tp2-cpu",
         "ds_vocab_ce-bf16-none-v269-ign_scattered-tp2-cpu",
