@@ -576,7 +576,8 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             # The neighbourhood is the element's row where that row's computation errs more than the
             # tensor's typical one (see "A row's neighbourhood" above).
             rows = np.sqrt(np.mean(ref_err * ref_err, axis=-1, keepdims=True))
-            element = _element_judgement(diff, used[0], np.maximum(used[1], rows), u, scale, "row " + used[2])
+            if (rows > used[1]).any():
+                element = _element_judgement(diff, used[0], np.maximum(used[1], rows), u, scale, "row " + used[2])
         results.append(element)
 
     def ratio_of(j):

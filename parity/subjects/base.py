@@ -75,7 +75,7 @@ class Subject(ABC):
     clean_state: dict = {}  # what reset_process_state must report before every case
     framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and the README table
     # Modules the parent's reference imports on first use (seconds), which a job process imports
-    # before its first batch (parity.harness.job_processes.warm_up).
+    # before its first batch (parity.harness.job_body.warm_up).
     reference_imports: tuple = ()
     # True: every rank records what the framework decided there (facts["rank_decisions"]: TP rank,
     # TP / DP group members, DP size, a vocab-parallel head's range), checked against the suite's

@@ -465,7 +465,7 @@ def test_an_element_in_a_row_that_errs_more_is_held_to_its_rows_neighbourhood():
     calm[27] = ref[27] = oracle[27] + 3.6e-6
     calm[27, 50] = oracle[27, 50] + 2.79e-3
     missed = judge_close(calm, ref, oracle, "bf16")
-    assert not missed.passed and missed.criterion == "row element" and missed.index == (27, 50)
+    assert not missed.passed and missed.criterion.endswith("element") and missed.index == (27, 50)
 
 
 def test_a_few_source_tensor_misses_its_max_bound_only_beyond_the_samples():
