@@ -401,13 +401,16 @@ def rms_bound(rms_err: float, u: float, rms_scale: float, inherits: bool = True,
             + RMS_FLOOR_ULPS * u * rms_scale)
 
 
+def _sample_rms(errors: np.ndarray) -> list[float]:
+    """Each sample's RMS error, the entries the oracle leaves nan dropped."""
+    finite = np.isfinite(errors).all(axis=0)
+    return [_rms(e) for e in (errors if finite.all() else errors[:, finite])]
+
+
 def _spread(errors: np.ndarray) -> float | None:
     """max / min of the samples' RMS errors (entries the oracle leaves nan dropped): inf where one
     sample is exact and another is not, None where every sample is exact."""
-    finite = np.isfinite(errors).all(axis=0)
-    if not finite.all():
-        errors = errors[:, finite]
-    each = [_rms(e) for e in errors]
+    each = _sample_rms(errors)
     if not each or max(each) == 0:
         return None
     return max(each) / min(each) if min(each) > 0 else float("inf")
@@ -431,8 +434,7 @@ def dispersed(errors: np.ndarray | None, trajectory=None) -> bool:
 def _log_rms_variance(errors: np.ndarray) -> float | None:
     """The variance (ddof 1) of the samples' log RMS errors, entries the oracle leaves nan dropped; None
     where a sample is exact (no log) or there are fewer than two."""
-    finite = np.isfinite(errors).all(axis=0)
-    each = np.array([_rms(e) for e in (errors if finite.all() else errors[:, finite])])
+    each = np.array(_sample_rms(errors))
     if len(each) < 2 or not (each > 0).all():
         return None
     return float(np.var(np.log(each), ddof=1))
@@ -519,7 +521,12 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
 
         steps = getattr(sampled_error, "steps", None)
         trajectory = None if steps is None else functools.cache(steps)  # the RMS and element criteria share it
-        if not results[0].passed and sampled_error is not None and dispersed(samples(), trajectory):
+
+        @functools.cache
+        def samples_dispersed() -> bool:  # asked by the max, RMS and element criteria alike
+            return dispersed(samples(), trajectory)
+
+        if not results[0].passed and sampled_error is not None and samples_dispersed():
             # The max bound's premise, that the largest of many elements' errors is a stable estimate,
             # fails where the samples say the entries share a few sources (see "The max criterion of a
             # few-source tensor" above): the samples' largest error stands for the reference's.
@@ -541,7 +548,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             if errors is not None:
                 bound_rms = max(bound_rms, RMS_SLACK * _rms(errors) + floor_ulps * u * rms_scale)
                 rms_judged = Judgement(rms_diff <= bound_rms, "sampled rms", rms_diff, bound_rms)
-            elif dispersed(samples(), trajectory):
+            elif samples_dispersed():
                 bound_rms = max(bound_rms, RMS_SLACK * max(_rms(e) for e in samples()) + floor_ulps * u * rms_scale)
                 rms_judged = Judgement(rms_diff <= bound_rms, "dispersed rms", rms_diff, bound_rms)
             elif (stand_in := lucky_stand_in(samples(), rms_err, one_rounding)) is not None:
@@ -561,7 +568,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             # neighbourhood's are one rounding's where every entry inherits cancelling sums' errors
             # (parity explore --seed 8: hf_plan_tied vocab 2, q/k_proj weight gradients at 1.37x).
             errors = samples_disprove()
-            if errors is None and dispersed(samples(), trajectory):
+            if errors is None and samples_dispersed():
                 # The neighbourhood, rms(ref - oracle), is one run's RMS error: dispersed samples say
                 # it does not stand for another's (the RMS's second premise, above).
                 errors = samples().max(axis=0)

@@ -20,7 +20,8 @@ import traceback
 
 
 def job_entry(job_id: int, settings: dict, tasks, results) -> None:
-    """A job process's target: the forkserver first (warm_up finds it running), then job_main."""
+    """A job process's target: its ranks' forkserver for the device of their first group (``warm_device``;
+    None leaves it to that group), then job_main."""
     device = settings.get("warm_device")
     if device is not None:
         from parity.harness.rank_pool import start_context
@@ -61,8 +62,7 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
     # runs them on one thread anyway, so the numbers are the parent's).
     torch.set_num_threads(1)
     capabilities.preset(settings["capabilities"])
-    warm_up(settings["runner"].get("start_method", "forkserver"), settings.get("warm_device"),
-            settings.get("warm_imports", ()))
+    warm_up(settings.get("warm_imports", ()))
     apply_from_env("parent")  # a planted reference mutant lives where references are computed
     compare.REFERENCE_CACHE_SIZE = settings["reference_cache_size"]
     if settings["reference_disk"]:
@@ -90,18 +90,13 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
         runner.close(force=bool(stopped))  # told to stop: its ranks may be mid-case, kill them
 
 
-def warm_up(start_method: str, device: str | None, imports) -> None:
-    """What a job does before its first batch, while the parent still probes the capabilities: start
-    its rank forkserver for ``device`` (its preload, torch and the frameworks, runs in that process,
-    side by side with this one) and import what its references will need (``imports``: transformers'
-    Llama for the HF subjects, seconds that otherwise fell on the first HF case each job met, at the
-    end of the matrix: the run's tail). Measured with parity run --profile's occupancy."""
+def warm_up(imports) -> None:
+    """What a job does before its first batch, while the parent still probes the capabilities and its
+    forkserver preloads (job_entry started it): import what its references will need (``imports``:
+    transformers' Llama for the HF subjects, seconds that otherwise fell on the first HF case each job
+    met, at the end of the matrix: the run's tail). Measured with parity run --profile's occupancy."""
     import importlib
 
-    if device is not None:
-        from parity.harness.rank_pool import start_context
-
-        start_context(start_method, device)
     for name in imports:
         try:
             importlib.import_module(name)

@@ -46,24 +46,23 @@ def send_output_to(log_path) -> object:
     return log
 
 
-# What a framework may replace process-wide and leave replaced after its case, taken when the rank
-# starts. DeepSpeed's zero.Init (ZeRO 3) swaps torch.nn.functional.linear for its own
-# zero3_linear_wrap and keeps it ("This will persist unless manually reset", printed only with
+# What a framework may replace process-wide and leave replaced after its case: torch's own functions
+# (parity.observe.process_functions.TORCH_FUNCTIONAL) are put back before every case. DeepSpeed's
+# zero.Init (ZeRO 3) swaps torch.nn.functional.linear for its own zero3_linear_wrap and keeps it ("This will persist unless manually reset", printed only with
 # force=False): every later model in the process then runs its Linear layers through ZeRO 3's
 # autograd function. A rank runs many cases; a user's training starts a fresh process. Found by
 # `parity explore --seed 3`: a bf16 tied_vocab_parallel ZeRO 0 case measured 2.665e-3 on an embedding
 # gradient after a column_gathered ZeRO 3 case had run in the same ranks, 1.932e-3 in fresh ones.
-_PROCESS_GLOBALS: dict = {}
 
 
 def restore_process_globals() -> list[str]:
     """Put back what a previous case replaced (see above); the names of what was put back."""
     import torch.nn.functional as F
 
-    if not _PROCESS_GLOBALS:
-        _PROCESS_GLOBALS["linear"] = F.linear
+    from parity.observe.process_functions import TORCH_FUNCTIONAL
+
     restored = []
-    for name, original in _PROCESS_GLOBALS.items():
+    for name, original in TORCH_FUNCTIONAL.items():
         if getattr(F, name) is not original:
             setattr(F, name, original)
             restored.append(f"torch.nn.functional.{name}")
@@ -160,7 +159,7 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
     prepare_process(device)
-    restore_process_globals()  # takes the originals, before any case
+    restore_process_globals()  # torch's own, whatever an import left, before any case
 
     import torch.distributed as dist
 

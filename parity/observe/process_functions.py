@@ -15,8 +15,10 @@ def function_name(function) -> str:
     return f"{getattr(function, '__module__', None)}.{getattr(function, '__name__', repr(function))}"
 
 
-# torch.nn.functional.linear is this builtin in an untouched process.
-TORCH_LINEAR = function_name(torch._C._nn.linear)
+# What torch.nn.functional holds in an untouched process, by name: what a rank puts back before every
+# case (parity/harness/rank_worker.py restore_process_globals) and what a case's model must have run.
+TORCH_FUNCTIONAL = {"linear": torch._C._nn.linear}
+TORCH_LINEAR = function_name(TORCH_FUNCTIONAL["linear"])
 
 
 def functional_linear() -> str:

@@ -20,9 +20,9 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, tp_group
 from parity.observe.dtypes import DTYPES
-from references.cross_entropy import ce_reference, linear_ce_inputs, linear_ce_reference, upstream_objective
+from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
@@ -80,16 +80,7 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
     name = "ds_vocab_entropy"
     description = "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy on vocabulary shards"
     axes = {"dtype": None, "vocab": None, "tp": None, "device": None}
-
-    def training_spec(self, values):
-        return super().training_spec({**values, "ignore": "none"})
-
-    def reference(self, values, compute_dtype=None):
-        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], "none", DTYPES[values["dtype"]],
-                            compute_dtype, IGNORE_INDEX, measure="entropy")
-
-    def run_rank(self, values, ctx):
-        return super().run_rank({**values, "ignore": "none"}, ctx)
+    measure = "entropy"
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_entropy

@@ -32,8 +32,11 @@ def tp_group(ctx: RankContext, tp: int):
 
 
 class LogitsCE(Subject):
-    """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``)."""
+    """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``). A subject
+    without the ignore axis has no ignored target; ``measure`` is what the reference computes from the
+    logits (references.cross_entropy.ce_reference: "ce", or "entropy", which takes no target)."""
     framework = "deepspeed"
+    measure = "ce"
 
     def claims(self, values):
         records = {"loss": None, "logits_grad": -1, "logits_after": -1}
@@ -42,13 +45,14 @@ class LogitsCE(Subject):
         return Claims(module_types={}, param_shards={}, micro_records=records, exact_records=("logits_after",))
 
     def training_spec(self, values):
-        return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])
+        return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1,
+                            ignore=values.get("ignore", "none"))
 
     def reference(self, values, compute_dtype=None):
-        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values["ignore"],
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
                             DTYPES[values["dtype"]], compute_dtype,
                             IGNORE_INDEX, reduction=values.get("reduction", "none"),
-                            backward=values.get("backward", "once"))
+                            backward=values.get("backward", "once"), measure=self.measure)
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
@@ -64,7 +68,7 @@ class LogitsCE(Subject):
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part = self.block(vocab, tp, tp_rank)
         seed = case_seed(SEED, values)
-        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values["ignore"], DTYPES[values["dtype"]],
+        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.get("ignore", "none"), DTYPES[values["dtype"]],
                                               IGNORE_INDEX)
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it

@@ -12,7 +12,7 @@ from parity.harness import rank_worker
 
 def test_a_replaced_functional_linear_is_put_back():
     original = F.linear
-    rank_worker.restore_process_globals()  # takes the originals, as a rank does at start
+    rank_worker.restore_process_globals()  # as a rank does at start
     assert rank_worker.restore_process_globals() == []
 
     def zero3_linear_wrap(input, weight, bias=None):  # what DeepSpeed's zero.Init leaves behind

@@ -5,11 +5,7 @@
 # jobs' occupancy) and log kept under OUT.
 set -u
 out=$1; label=$2; shift 2
-[ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-{ date -u; lscpu | grep -E "Model name|^CPU\(s\)"; nproc
-  python3 -c "import sys,torch,numpy,triton,deepspeed; print('python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, 'triton', triton.__version__, 'deepspeed', deepspeed.__version__)"
-} > "$out/env-$label.txt" 2>&1
+source "$(dirname "$0")/../device_env.sh"
 python3 ci/bench_pair.py --label "matrix-$label" --runs 1 --warmup 0 --log "$out/$label.log" --a "true" \
   --b "python3 -m parity.cli run --device cpu --profile --report /tmp/rb-$label $*" > "$out/bench_pair-$label.txt" 2>&1
 cp "/tmp/rb-$label/profile.md" "$out/profile-$label.md"; gzip -c "$out/$label.log" > "$out/$label.log.gz"; rm "$out/$label.log"

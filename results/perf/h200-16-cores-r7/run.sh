@@ -6,11 +6,7 @@
 # machine's user/system/idle share each second).
 set -u
 out=$1; label=$2; shift 2
-[ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-{ date -u; lscpu | grep -E "Model name|^CPU\(s\)"; nproc
-  python3 -c "import sys,torch,numpy,triton,deepspeed; print('python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, 'triton', triton.__version__, 'deepspeed', deepspeed.__version__)"
-} > "$out/env-$label.txt" 2>&1
+source "$(dirname "$0")/../device_env.sh"
 vmstat -n 1 > "$out/vmstat-$label.txt" & vm=$!
 # getrusage(RUSAGE_CHILDREN): the CPU seconds of every process the run reaped, its ranks and jobs included.
 python3 - "$out/time-$label.txt" python3 -m parity.cli run --device cpu --profile --report /tmp/rb-$label "$@" > "$out/$label.log" 2>&1 <<'PY'
