@@ -113,7 +113,10 @@ class Runner:
     def rank_pids(self) -> dict:
         """(world size, device) -> the pids of this runner's live rank groups."""
         found: dict = {}
-        for key, pool in self.pools.items():
+        # A snapshot: with pipeline the rank thread may be making the next case's group meanwhile (a
+        # job asks this with every verdict; iterating the live dict raised "dictionary keys changed
+        # during iteration" there once, and the job died with the cases it held).
+        for key, pool in list(self.pools.items()):
             found.setdefault(key, []).extend(p.pid for p in pool.procs if p.is_alive())
         return found
 
