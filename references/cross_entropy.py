@@ -68,11 +68,13 @@ def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: st
 
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
-                 reduction: str = "none", backward: str = "once", measure: str = "ce") -> Trajectory:
+                 reduction: str = "none", backward: str = "once", measure: str = "ce",
+                 label_smoothing: float = 0.0) -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
     "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
     measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
-    takes no targets; reduction "none")."""
+    takes no targets; reduction "none"). label_smoothing: torch's F.cross_entropy semantics
+    (references/loss.py token_losses)."""
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
@@ -80,7 +82,7 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
     if measure == "entropy":
         loss = token_entropies(x)
     else:
-        loss = reduce_losses(token_losses(x, targets, ignore_index), targets, reduction, ignore_index)
+        loss = reduce_losses(token_losses(x, targets, ignore_index, label_smoothing), targets, reduction, ignore_index)
     objective = upstream_objective(loss, upstream, reduction)
     traj = Trajectory()
     if backward == "create_graph":

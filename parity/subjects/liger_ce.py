@@ -14,7 +14,7 @@ class LigerVocabParallelCE(LigerShards, LogitsCE):
     name = "liger_vocab_ce"
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
-            "targets": None}
+            "targets": None, "label_smoothing": None}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
@@ -22,4 +22,5 @@ class LigerVocabParallelCE(LigerShards, LogitsCE):
         local_vocab = local.shape[-1]
         # Liger's layout is [seq, batch, vocab]; it returns per-token fp32 losses.
         return LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab), targets.view(TOKENS, 1), group,
-                                                  IGNORE_INDEX, 0.0, "pytorch", "global").view(TOKENS)
+                                                  IGNORE_INDEX, values.get("label_smoothing", 0.0), "pytorch",
+                                                  "global").view(TOKENS)

@@ -52,7 +52,8 @@ class LogitsCE(Subject):
         return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
                             DTYPES[values["dtype"]], compute_dtype,
                             IGNORE_INDEX, reduction=values.get("reduction", "none"),
-                            backward=values.get("backward", "once"), measure=self.measure)
+                            backward=values.get("backward", "once"), measure=self.measure,
+                            label_smoothing=values.get("label_smoothing", 0.0))
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
