@@ -91,6 +91,10 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
                                                                          values.get("grain", 1))) == 0:
         # DeepSpeed refuses an empty vocabulary shard by design (ds_reject vocab_empty_shard / ce_empty_shard).
         return "an empty vocabulary shard (DeepSpeed refuses it: ds_reject vocab_empty_shard, ce_empty_shard)"
+    if values.get("zero", 0) >= 2 and values.get("dp_reduce", "average") in ("prescale", "predivide2"):
+        # ZeRO 2 and 3's reduce-scatter refuses DP pre-scaling (an assert at optimizer construction).
+        return ("DP gradient pre-scaling under ZeRO 2/3 (DeepSpeed refuses it: ds_reject zero2_prescale, "
+                "zero2_predivide)")
     if subject.refuses_uneven_vocab and values["vocab"] % values["tp"]:
         return f"an uneven vocabulary: {subject.refuses_uneven_vocab}"
     return subject.unavailable_reason(values)

@@ -24,6 +24,13 @@ def model_state(model: torch.nn.Module, **extra) -> dict:
     """{"module[path]": class name, "param[name]": (shape, dtype, requires_grad, digest),
     "tie[name]": the first name of the same Parameter, **{"extra[key]": repr(value)}}."""
     state = {f"module[{path or '<root>'}]": type(m).__name__ for path, m in model.named_modules()}
+    for path, m in model.named_modules():
+        # A refused engine that registered its hooks on the model before raising leaves them behind: the
+        # user's next forward runs them (ci/repro/deepspeed_rejected_initialize_converts_model.py).
+        hooks = sorted(_hook_name(h) for table in (m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks,
+                                                   m._backward_hooks) for h in table.values())
+        if hooks:
+            state[f"hooks[{path or '<root>'}]"] = hooks
     first_name = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         state[f"param[{name}]"] = (tuple(p.shape), str(p.dtype).replace("torch.", ""), bool(p.requires_grad),
@@ -32,6 +39,12 @@ def model_state(model: torch.nn.Module, **extra) -> dict:
     for key, value in extra.items():
         state[f"extra[{key}]"] = repr(value)
     return state
+
+
+def _hook_name(hook) -> str:
+    """A hook's qualified name (a bound method's function's), stable across processes."""
+    func = getattr(hook, "__func__", hook)
+    return getattr(func, "__qualname__", type(hook).__name__)
 
 
 def loss_function_repr(model: torch.nn.Module) -> str:

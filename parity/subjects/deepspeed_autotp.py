@@ -24,8 +24,11 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None,
+    "device": None, "dp_reduce": None,
 }
+# The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
+DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
+                    "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
 
 
 def setup_deepspeed(ctx: RankContext) -> None:
@@ -282,6 +285,7 @@ class EngineHead(Subject):
             "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.get("grain", 1)},
                                 **self.tensor_parallel_config(values)},
         }
+        cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)

@@ -134,6 +134,8 @@ class EngineVariant:
     extra: dict = dataclasses.field(default_factory=dict)  # merged into tensor_parallel (may use {tp})
     # Accepted today (a known divergence): run one forward so the verdict shows what the user got.
     probe_logits: bool = False
+    zero: int = 0
+    config: dict = dataclasses.field(default_factory=dict)  # merged into the top level of the DeepSpeed config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,9 @@ ENGINE_VARIANTS = {
     # a column head without gather_output: rank-local logits reach a model whose loss expects them whole
     "column_no_gather": EngineVariant(_specs({"patterns": [r"lm_head\.weight$"], "partition_type": "column"}),
                                       probe_logits=True),
+    # ZeRO 2's reduce-scatter supports neither DP gradient pre-scaling nor a predivide factor
+    "zero2_prescale": EngineVariant(VOCAB_PARALLEL, zero=2, config={"prescale_gradients": True}),
+    "zero2_predivide": EngineVariant(VOCAB_PARALLEL, zero=2, config={"gradient_predivide_factor": 2.0}),
 }
 
 CE_VARIANTS = {
@@ -260,7 +265,8 @@ class DeepSpeedRejection(Subject):
         install_tp_groups(ctx, tp)
         spec, train = self.model_spec(values), self.training_spec(values)
         model = variant.build(spec).to(ctx.device)
-        config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32"}, train)
+        config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": variant.zero, "dtype": "fp32"}, train)
+        config.update(variant.config)
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
         before = _engine_state(model)

@@ -52,6 +52,10 @@ def test_points_that_are_not_cases_say_why():
     assert "empty vocabulary shard" in not_a_case("vocab_parallel", base, 8)
     assert not_a_case("vocab_parallel", {**base, "vocab": 3}, 8) is None
     assert "--max-world 4" in not_a_case("vocab_parallel", {**base, "vocab": 30, "dp": 2}, 4)
+    # ZeRO 2/3 refuse DP pre-scaling (cases/deepspeed_rejects.toml: zero2_prescale, zero2_predivide).
+    assert "pre-scaling" in not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 2, "dp_reduce": "prescale"}, 8)
+    assert not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 1, "dp_reduce": "predivide2"}, 8) is None
+    assert not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 2, "dp_reduce": "comm_fp32"}, 8) is None
     # DTensor's chunk split may leave a rank empty: a documented divergence, so it is explored.
     torch_values = {k: base[k] for k in ("dtype", "reduction", "vocab", "hidden", "bias", "head", "ignore", "gas",
                                          "tp", "device")}
