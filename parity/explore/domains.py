@@ -95,6 +95,10 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
         # ZeRO 2 and 3's reduce-scatter refuses DP pre-scaling (an assert at optimizer construction).
         return ("DP gradient pre-scaling under ZeRO 2/3 (DeepSpeed refuses it: ds_reject zero2_prescale, "
                 "zero2_predivide)")
+    if values.get("zero", 0) == 0 and values.get("grad_accum", "model") == "fp32" and values.get("dtype") != "fp32":
+        # Without ZeRO, DeepSpeed refuses low-precision weights with float32 gradient accumulation.
+        return ("bf16/fp16 weights with float32 gradient accumulation without ZeRO (DeepSpeed refuses the mix: "
+                "ds_reject zero0_bf16_fp32_accum)")
     if subject.refuses_uneven_vocab and values["vocab"] % values["tp"]:
         return f"an uneven vocabulary: {subject.refuses_uneven_vocab}"
     return subject.unavailable_reason(values)

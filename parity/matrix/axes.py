@@ -41,7 +41,7 @@ REJECTIONS = (
     "row_tied_non_embedding", "hf_plan_unsupported_style", "row_shape", "row_partition_dim0", "gather_shape",
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
-    "zero2_prescale", "zero2_predivide",
+    "zero2_prescale", "zero2_predivide", "zero0_bf16_fp32_accum",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
@@ -119,6 +119,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "defaults; prescale: prescale_gradients (divide by the DP size before the all-reduce); predivide2: "
               "gradient_predivide_factor 2.0 (divide by 2 before, multiply by 2 / DP size after); comm_fp32: "
               "communication_data_type fp32. Every one is DDP's average to the reference"),
+    Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
+              "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

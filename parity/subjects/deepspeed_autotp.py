@@ -24,7 +24,7 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None, "dp_reduce": None,
+    "device": None, "dp_reduce": None, "grad_accum": None,
 }
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
@@ -116,7 +116,9 @@ def rank_decisions(engine, head) -> dict:
              "tp_world": groups.get_tensor_model_parallel_world_size(),
              "tp_group": sorted(dist.get_process_group_ranks(tp_group)),
              "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
-             "engine_dp_world": int(engine.dp_world_size)}
+             "engine_dp_world": int(engine.dp_world_size),
+             # Which of DeepSpeed's optimizer wrappers the config selected (BF16_Optimizer, ZeRO's, ...).
+             "optimizer": type(engine.optimizer).__name__}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -286,6 +288,8 @@ class EngineHead(Subject):
                                 **self.tensor_parallel_config(values)},
         }
         cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
+        if values.get("grad_accum", "model") == "fp32":
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)

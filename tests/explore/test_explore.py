@@ -56,6 +56,10 @@ def test_points_that_are_not_cases_say_why():
     assert "pre-scaling" in not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 2, "dp_reduce": "prescale"}, 8)
     assert not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 1, "dp_reduce": "predivide2"}, 8) is None
     assert not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 2, "dp_reduce": "comm_fp32"}, 8) is None
+    # Without ZeRO, bf16 weights with float32 accumulation are refused (ds_reject zero0_bf16_fp32_accum).
+    bf16 = {**base, "vocab": 3, "dtype": "bf16", "grad_accum": "fp32"}
+    assert "float32 gradient accumulation" in not_a_case("vocab_parallel", bf16, 8)
+    assert not_a_case("vocab_parallel", {**bf16, "zero": 1}, 8) is None
     # DTensor's chunk split may leave a rank empty: a documented divergence, so it is explored.
     torch_values = {k: base[k] for k in ("dtype", "reduction", "vocab", "hidden", "bias", "head", "ignore", "gas",
                                          "tp", "device")}
