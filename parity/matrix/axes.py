@@ -41,7 +41,7 @@ REJECTIONS = (
     "row_tied_non_embedding", "hf_plan_unsupported_style", "row_shape", "row_partition_dim0", "gather_shape",
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
-    "zero2_prescale", "zero2_predivide", "zero0_bf16_fp32_accum",
+    "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",

@@ -176,6 +176,7 @@ ENGINE_VARIANTS = {
     # ZeRO 2's reduce-scatter supports neither DP gradient pre-scaling nor a predivide factor
     "zero2_prescale": EngineVariant(VOCAB_PARALLEL, zero=2, config={"prescale_gradients": True}),
     "zero2_predivide": EngineVariant(VOCAB_PARALLEL, zero=2, config={"gradient_predivide_factor": 2.0}),
+    "zero3_prescale": EngineVariant(VOCAB_PARALLEL, zero=3, config={"prescale_gradients": True}),
     # without ZeRO, bf16 weights with float32 gradient accumulation are an "unsupported mix"
     "zero0_bf16_fp32_accum": EngineVariant(VOCAB_PARALLEL, config={"bf16": {"enabled": True},
                                                                    "data_types": {"grad_accum_dtype": "fp32"}}),
