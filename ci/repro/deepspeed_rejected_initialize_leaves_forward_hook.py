@@ -16,38 +16,21 @@ Run (CPU, 2 processes over gloo, about 20 s):
 python ci/repro/deepspeed_rejected_initialize_leaves_forward_hook.py
 Exit status 1 while the refused initialize leaves the hook, 0 once the model is left without it.
 """
-import importlib
 import os
 import sys
 
 import torch
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
 from _ranks import run_ranks  # noqa: E402
-
-TP = 2
+# The same refusal as the training-mode reproducer's, on the same model.
+from deepspeed_rejected_initialize_leaves_training_mode import TP, refused_initialize, tiny_model  # noqa: E402
 
 
 def rank_main(rank, result):
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    model = nn.Sequential(nn.Linear(8, 8))
-    model.lm_head = nn.Linear(8, 10)
-    cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": {"stage": 0},
-           "tensor_parallel": {"autotp_size": TP, "tp": {"tp_size": TP + 1},
-                               "partition_config": {"use_default_specs": False, "layer_specs": [
-                                   {"patterns": [r"lm_head\.weight$"], "partition_type": "column",
-                                    "gather_output": True}]}}}
+    model = tiny_model()
     before = len(model._forward_pre_hooks)
-    try:
-        deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                             optimizer=lambda p: torch.optim.SGD(p, lr=0.1), config=cfg)
-        outcome = "accepted"
-    except Exception as exc:  # noqa: BLE001 - any refusal will do; the point is what it left
-        outcome = f"{type(exc).__name__}: {str(exc)[:90]}"
+    outcome = refused_initialize(model)
     hooks = [getattr(h, "__qualname__", repr(h)) for h in model._forward_pre_hooks.values()]
     try:  # each rank its own input, as plain data-parallel work after the refusal would have
         forward = f"logits {tuple(model(torch.full((1, 8), float(rank))).shape)}"

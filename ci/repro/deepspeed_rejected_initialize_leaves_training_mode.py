@@ -26,26 +26,38 @@ from _ranks import run_ranks  # noqa: E402
 TP = 2
 
 
-def rank_main(rank, result):
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
-    import deepspeed
-    from deepspeed.module_inject.layers import is_autotp_training_mode
-
-    deepspeed.init_distributed(dist_backend="gloo")
+def tiny_model():
     model = nn.Sequential(nn.Linear(8, 8))
     model.lm_head = nn.Linear(8, 10)
+    return model
+
+
+def refused_initialize(model) -> str:
+    """deepspeed.initialize on ``model`` with a tensor-parallel config it refuses before AutoTP shards
+    anything (`tp.tp_size` != `autotp_size`); how the call ended. Also what
+    deepspeed_rejected_initialize_leaves_forward_hook.py refuses."""
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
     cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": {"stage": 0},
            "tensor_parallel": {"autotp_size": TP, "tp": {"tp_size": TP + 1},
                                "partition_config": {"use_default_specs": False, "layer_specs": [
                                    {"patterns": [r"lm_head\.weight$"], "partition_type": "column",
                                     "gather_output": True}]}}}
-    before = is_autotp_training_mode()
     try:
         deepspeed.initialize(model=model, model_parameters=model.parameters(),
                              optimizer=lambda p: torch.optim.SGD(p, lr=0.1), config=cfg)
-        outcome = "accepted"
+        return "accepted"
     except Exception as exc:  # noqa: BLE001 - any refusal will do; the point is what it left
-        outcome = f"{type(exc).__name__}: {str(exc)[:100]}"
+        return f"{type(exc).__name__}: {str(exc)[:100]}"
+
+
+def rank_main(rank, result):
+    from deepspeed.module_inject.layers import is_autotp_training_mode
+
+    before = is_autotp_training_mode()
+    outcome = refused_initialize(tiny_model())
     if rank == 0:
         result.update(outcome=outcome, before=before, after=is_autotp_training_mode())
 
