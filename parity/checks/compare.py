@@ -241,12 +241,8 @@ class Comparison:
             if found is None:
                 self.add("rank_decisions", False, rank=rank, detail="not recorded")
                 continue
-            want = {**mesh_groups(rank, world, self.tp), "engine_dp_world": world // self.tp}
-            if (self.values.get("grad_accum") == "fp32" and self.values.get("zero") == 1
-                    and self.values.get("dtype") == "bf16"):
-                # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
-                # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
-                want["optimizer"] = "BF16_Optimizer"
+            want = {**mesh_groups(rank, world, self.tp), "engine_dp_world": world // self.tp,
+                    **self.subject.decided(self.values)}
             if "head_vocab_range" in found:
                 part = shard_slice(self.values["vocab"], self.tp, want["tp_rank"], self.grain, self.split)
                 want["head_vocab_range"] = [part.start, part.stop]

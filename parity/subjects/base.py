@@ -89,6 +89,11 @@ class Subject(ABC):
     def world_size(self, values: dict) -> int:
         return values.get("tp", 1) * values.get("dp", 1)
 
+    def decided(self, values: dict) -> dict:
+        """Beyond the mesh formulas, what this case's configuration must make the framework decide on
+        every rank (keys of facts["rank_decisions"]); checked with them where records_rank_decisions."""
+        return {}
+
     def markers(self, values: dict) -> list[str]:
         device = values.get("device", "cpu")
         found = ["gpu" if device == "cuda" else "cpu", f"world{self.world_size(values)}"]

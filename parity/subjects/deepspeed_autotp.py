@@ -304,6 +304,13 @@ class EngineHead(Subject):
     clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
+    def decided(self, values):
+        if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
+            # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
+            # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
+            return {"optimizer": "BF16_Optimizer"}
+        return {}
+
     def requires(self, values):
         # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
         # Triton's interpreter on every rank whose own gate passes (which at uneven shards is not every

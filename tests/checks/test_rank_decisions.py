@@ -5,6 +5,7 @@ import copy
 from parity.checks.compare import Comparison
 from parity.observe.observations import RankObservations
 from parity.observe.partition import mesh_groups, shard_slice
+from parity.subjects import SUBJECTS
 
 TP, WORLD, VOCAB, GRAIN = 3, 6, 35, 1
 
@@ -17,6 +18,7 @@ def decisions(rank):
 def judge(facts_by_rank):
     c = object.__new__(Comparison)  # only what check_rank_decisions reads
     c.tp, c.grain, c.split, c.values, c.checks = TP, GRAIN, "near_even", {"vocab": VOCAB}, []
+    c.subject = SUBJECTS["vocab_parallel"]  # what the case's configuration makes it decide: nothing more here
     c.obs = {}
     for r, facts in facts_by_rank.items():
         o = RankObservations(r, r % TP, r // TP)
