@@ -46,7 +46,11 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 # use_deterministic_algorithms imports, imports triton) and also preloads Inductor; a later CUDA
 # group then spawns its ranks. Made for CUDA ranks it preloads only what is device-neutral, for
 # either: importing DeepSpeed there would pick a CUDA accelerator in the forkserver. For CPU ranks it
-# also imports the frameworks (parity/harness/cpu_rank_preload.py says why that is safe).
+# also imports the frameworks (parity/harness/cpu_rank_preload.py says why that is safe). Inductor is
+# preloaded even where a rank could set the deterministic flags without importing it: the ranks import
+# it anyway while they run the cases (DeepSpeed and Liger's paths), and on the H200 host's 16 cores a
+# forkserver without it doubled the summed rank work of the default matrix, 282 -> 578 s, and its wall,
+# 74 -> 130 s (results/perf/h200-16-cores-r9/).
 NEUTRAL_PRELOAD = ["torch", "torch.distributed", "parity.harness.rank_worker"]
 CPU_PRELOAD = ["torch._inductor.config", "torch._inductor.compile_fx", "parity.harness.cpu_rank_preload"]
 _forkserver_device: str | None = None  # the device the forkserver was made for, once started
