@@ -18,7 +18,8 @@ from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
 from parity.checks.one_thread import one_torch_thread
-from parity.checks.tolerances import ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound
+from parity.checks.tolerances import (ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound,
+                                      unit_roundoff)
 from references.trajectory import Trajectory
 
 @dataclass
@@ -130,7 +131,9 @@ class Comparison:
         get.steps = steps
         return get
 
-    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, **where) -> None:
+    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, shared=None, **where) -> None:
+        """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error (tolerances "A
+        row's shared rounding"), its RMS added to the RMS bound."""
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
@@ -149,6 +152,7 @@ class Comparison:
         if any_nan:
             keep = ~expected_nan
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
+            shared = None if shared is None else shared[keep]
             if sampled is not None:
                 tensor_gate = getattr(sampled, "whole", None)  # drops the oracle's nan itself
                 trajectory = getattr(sampled, "steps", None)  # tolerances.dispersed drops each step's nan
@@ -162,7 +166,9 @@ class Comparison:
                     sampled.steps = trajectory
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
         stage_local = name.endswith("[stage]") or self.claims.stage_local
-        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local)
+        shared_rms = 0.0 if shared is None or not shared.size else float(np.sqrt(np.mean(np.square(shared))))
+        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local,
+                             shared_rms=shared_rms)
         finite = bool(np.isfinite(got).all())
         detail = judged.describe() if finite else "non-finite values"
         if any_nan:
@@ -413,7 +419,7 @@ class Comparison:
             # A tied weight's gradient also holds the embedding lookup's, which is not this stage's, but
             # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
             rows = self.rows_not_looked_up(spec) if spec.tied else None
-            self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name, noisy_dz, rows)
+            self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name, noisy_dz, rows, logits)
         for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
@@ -500,11 +506,14 @@ class Comparison:
             rows[step] = ~seen
         return rows
 
-    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None) -> None:
+    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None,
+                              logits=None) -> None:
         """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against
         sum over the step's micro-batches of dz^T x on its own logits and head input. Only with one
         data-parallel rank: across several the engine's gradient averaging is a further stage.
-        ``weight_rows`` (a tied head: step -> [V] bool) limits the weight's check to those rows."""
+        ``weight_rows`` (a tied head: step -> [V] bool) limits the weight's check to those rows. ``logits``
+        (aligned with ``where``): the logits the CE stage ran on, for its row-shared rounding (stages.
+        shared_rounding_weights)."""
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
 
@@ -536,10 +545,17 @@ class Comparison:
                                                        bias_name is not None)
                 orc_w, orc_b = stages.head_param_grads([orc_dz[i] for _, i in items], xs, torch.float64,
                                                        bias_name is not None)
-                for index, (name, ref, orc) in enumerate(((weight_name, ref_w, orc_w), (bias_name, ref_b, orc_b))):
+                shared_w = shared_b = None
+                if logits is not None:
+                    u = unit_roundoff("fp32")  # the CE computes in float32 whatever the case dtype
+                    shares = [stages.shared_rounding_weights(logits[i], orc_dz[i], u) for _, i in items]
+                    shared_w, shared_b = stages.head_grad_shared_rms(shares, xs, bias_name is not None)
+                for index, (name, ref, orc, shared) in enumerate(((weight_name, ref_w, orc_w, shared_w),
+                                                                  (bias_name, ref_b, orc_b, shared_b))):
                     if name is None:
                         continue
                     orc_view = self._param_view(name, orc, rank, self.reference)
+                    shared_view = None if shared is None else self._param_view(name, shared, rank, self.reference)
 
                     # The stage's own rounding samples (the CE stage and this sum rerun with every rounding
                     # moved by up to a unit), for a small or cancelling tensor that misses (judge_close):
@@ -557,11 +573,13 @@ class Comparison:
                         if got is None or got.shape != orc_view.shape or not keep.any():
                             continue  # the end-to-end grad check judges a missing or misshapen one
                         got, ref_view, orc_view = got[keep], ref_view[keep], orc_view[keep]
+                        shared_view = None if shared_view is None else shared_view[keep]
 
                         def sampled(whole=sampled, keep=keep):
                             errors = whole()
                             return errors[:, keep]
-                    self.close(f"grad[{name}][stage]", got, ref_view, orc_view, sampled=sampled, step=step, rank=rank)
+                    self.close(f"grad[{name}][stage]", got, ref_view, orc_view, sampled=sampled, shared=shared_view,
+                               step=step, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""

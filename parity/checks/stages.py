@@ -121,6 +121,36 @@ def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
     return weight.double().numpy(), None if bias is None else bias.double().numpy()
 
 
+def shared_rounding_weights(logits: np.ndarray, dz64: torch.Tensor, u: float) -> np.ndarray:
+    """[N, V]: each logits-gradient entry's share of its token's row-shared log-sum-exp rounding
+    (tolerances "A row's shared rounding"): p_tv s_t e_t, from the logits [..., V] the stage ran on and
+    its float64 logits gradient dz64 [N, V] = (p - onehot) s_t (s_t the token's loss scale, 0 if ignored)."""
+    from parity.checks.tolerances import lse_shared_error
+
+    z = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    row_max = z.max(axis=-1, keepdims=True)
+    lse = row_max + np.log(np.exp(z - row_max).sum(axis=-1, keepdims=True))
+    p = np.exp(z - lse)
+    dz = dz64.double().numpy().reshape(p.shape)
+    # dz / p is s_t at every entry but the target's ((p - 1) s_t / p there, below it): the row's max is s_t.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.nan_to_num(np.where(p > 0, dz / p, 0.0)).max(axis=-1, keepdims=True)
+    return np.abs(p * scale) * lse_shared_error(row_max, lse, u)
+
+
+def head_grad_shared_rms(weights: list, xs: list, with_bias: bool):
+    """A step's bound of the head weight [V, H] (and bias [V]) gradient's row-shared rounding error, entry by
+    entry, from its micro-batches' shared_rounding_weights and head inputs xs (numpy [..., H]): the tokens'
+    shares combined in quadrature, sqrt(sum_t (w_tv x_th)^2)."""
+    weight = bias = 0.0
+    for w, x in zip(weights, xs):
+        x = x.astype(np.float64).reshape(w.shape[0], -1)
+        weight = weight + np.square(w).T @ np.square(x)
+        if with_bias:
+            bias = bias + np.square(w).sum(axis=0)
+    return np.sqrt(weight), np.sqrt(bias) if with_bias else None
+
+
 def sampled_logits_grads(logits, labels, num_items, spec, train, dtype: torch.dtype, seed: int) -> list:
     """The logits gradients of losses_and_head_input_grads at ``dtype`` with every rounding moved by
     up to a unit (parity.checks.rounding's RoundingNoise, sample ``seed``): one rounding sample of the
