@@ -419,7 +419,7 @@ class Comparison:
             # A tied weight's gradient also holds the embedding lookup's, which is not this stage's, but
             # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
             rows = self.rows_not_looked_up(spec) if spec.tied else None
-            self.check_head_grad_stage(where, ref_dz, orc_dz, weight_name, noisy_dz, rows, logits)
+            self.check_head_grad_stage(where, logits, ref_dz, orc_dz, weight_name, noisy_dz, rows)
         for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
@@ -506,14 +506,14 @@ class Comparison:
             rows[step] = ~seen
         return rows
 
-    def check_head_grad_stage(self, where, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None,
-                              logits=None) -> None:
+    def check_head_grad_stage(self, where, logits, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None) -> None:
         """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against
         sum over the step's micro-batches of dz^T x on its own logits and head input. Only with one
         data-parallel rank: across several the engine's gradient averaging is a further stage.
         ``weight_rows`` (a tied head: step -> [V] bool) limits the weight's check to those rows. ``logits``
         (aligned with ``where``): the logits the CE stage ran on, for its row-shared rounding (stages.
         shared_rounding_weights)."""
+        u = unit_roundoff("fp32")  # the CE computes in float32 whatever the case dtype
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
 
@@ -537,6 +537,7 @@ class Comparison:
         for step, items in sorted(by_step.items()):
             if [m for m, _ in items] != list(range(self.train.micro_batches)):
                 continue  # a micro-batch's logits failed end to end: the step's sum is not this stage's
+            shares = [stages.shared_rounding_weights(logits[i], orc_dz[i], u) for _, i in items]  # every rank's
             for rank, o in sorted(self.obs.items()):
                 xs = [o.get("head_input", step, m, None) for m, _ in items]
                 if any(x is None for x in xs):
@@ -545,17 +546,13 @@ class Comparison:
                                                        bias_name is not None)
                 orc_w, orc_b = stages.head_param_grads([orc_dz[i] for _, i in items], xs, torch.float64,
                                                        bias_name is not None)
-                shared_w = shared_b = None
-                if logits is not None:
-                    u = unit_roundoff("fp32")  # the CE computes in float32 whatever the case dtype
-                    shares = [stages.shared_rounding_weights(logits[i], orc_dz[i], u) for _, i in items]
-                    shared_w, shared_b = stages.head_grad_shared_rms(shares, xs, bias_name is not None)
+                shared_w, shared_b = stages.head_grad_shared_rms(shares, xs, bias_name is not None)
                 for index, (name, ref, orc, shared) in enumerate(((weight_name, ref_w, orc_w, shared_w),
                                                                   (bias_name, ref_b, orc_b, shared_b))):
                     if name is None:
                         continue
                     orc_view = self._param_view(name, orc, rank, self.reference)
-                    shared_view = None if shared is None else self._param_view(name, shared, rank, self.reference)
+                    shared_view = self._param_view(name, shared, rank, self.reference)
 
                     # The stage's own rounding samples (the CE stage and this sum rerun with every rounding
                     # moved by up to a unit), for a small or cancelling tensor that misses (judge_close):
@@ -573,7 +570,7 @@ class Comparison:
                         if got is None or got.shape != orc_view.shape or not keep.any():
                             continue  # the end-to-end grad check judges a missing or misshapen one
                         got, ref_view, orc_view = got[keep], ref_view[keep], orc_view[keep]
-                        shared_view = None if shared_view is None else shared_view[keep]
+                        shared_view = shared_view[keep]
 
                         def sampled(whole=sampled, keep=keep):
                             errors = whole()
