@@ -131,9 +131,11 @@ class Comparison:
         get.steps = steps
         return get
 
-    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, shared=None, **where) -> None:
+    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, shared=None, rounded_at=None,
+              **where) -> None:
         """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error (tolerances "A
-        row's shared rounding"), its RMS added to the RMS bound."""
+        row's shared rounding"), its RMS added to the RMS bound. ``rounded_at``: per entry of oracle, an
+        intermediate a valid evaluation rounds (tolerances "A biased head's product")."""
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
@@ -153,6 +155,7 @@ class Comparison:
             keep = ~expected_nan
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
             shared = None if shared is None else shared[keep]
+            rounded_at = None if rounded_at is None else rounded_at[keep]
             if sampled is not None:
                 tensor_gate = getattr(sampled, "whole", None)  # drops the oracle's nan itself
                 trajectory = getattr(sampled, "steps", None)  # tolerances.dispersed drops each step's nan
@@ -168,7 +171,7 @@ class Comparison:
         stage_local = name.endswith("[stage]") or self.claims.stage_local
         shared_rms = 0.0 if shared is None or not shared.size else float(np.sqrt(np.mean(np.square(shared))))
         judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local,
-                             shared_rms=shared_rms)
+                             shared_rms=shared_rms, rounded_at=rounded_at)
         finite = bool(np.isfinite(got).all())
         detail = judged.describe() if finite else "non-finite values"
         if any_nan:
@@ -489,12 +492,17 @@ class Comparison:
                     continue
                 ref = stages.logits_from_head_input(x, weights[i], bias, DTYPES[self.dtype]).reshape(shape)
                 orc = stages.logits_from_head_input(x, weights[i], bias, torch.float64).reshape(shape)
+                # x @ w.T rounded before the bias is added is plain PyTorch too (tolerances "A biased
+                # head's product"): the product is a value such an evaluation rounds.
+                product = (None if bias is None else
+                           stages.logits_from_head_input(x, weights[i], None, torch.float64).reshape(shape))
                 if dim is not None:
                     total = shape[dim]
-                    ref = _take(ref, dim % ref.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
-                    orc = _take(orc, dim % orc.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
-                self.close("logits[stage]", o.get("logits", step, micro, None), ref, orc, step=step, micro=micro,
-                           rank=rank)
+                    ref, orc, product = (None if t is None else
+                                         _take(t, dim % t.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
+                                         for t in (ref, orc, product))
+                self.close("logits[stage]", o.get("logits", step, micro, None), ref, orc, rounded_at=product,
+                           step=step, micro=micro, rank=rank)
 
     def rows_not_looked_up(self, spec) -> dict:
         """step -> [V] bool: the vocabulary rows no micro-batch of the step (data-parallel rank 0) looks up."""

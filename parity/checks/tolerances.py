@@ -251,6 +251,18 @@ and none at tp 2, while DTensor's per-token shared error measured no larger than
 units RMS over 300 draws at tp 4). Like the other gates it looks at the logits and the reference, never
 at the subject.
 
+A biased head's product: the logits stage's reference is F.linear, which on CPU (and in cuBLAS's bias
+epilogue) adds the bias inside one accumulation and rounds once, relative to the logit. Plain PyTorch
+written as `x @ w.T + b` (Megatron's ColumnParallelLinear and DeepSpeed's layers among them) rounds the
+product to the case dtype first and then the sum: an error of up to half a unit of |x w^T|, which is not
+relative to the logit where the bias cancels the product. Both are the user's plain PyTorch, so the
+floor's scale for that stage is the larger of |logit| and |x w^T| at each entry (judge_close's
+``rounded_at``), the largest value a valid evaluation rounds. Where the bias is small beside the product,
+as in every default case, that is |logit| and nothing changes. Found by `parity explore --seed 0` at
+ef3f9c5: megatron_vocab_parallel bf16, vocabulary 2 over tp 2, hidden 19, with bias: rank 1's one-row
+shard at step 3 held logits of at most 0.0040 where x w^T reached 0.126; Megatron's error 3.8e-4 (0.78
+of a bf16 half unit of 0.126) against a floor of 16 units of 0.0040 (1.29x).
+
 The constants were measured on the default matrix (`parity run --report DIR` records every
 measured/bound ratio in summary.json, `worst_ratio`), not guessed; see README "Tolerances";
 `parity sensitivity` measures what they let through (README "Sensitivity").
@@ -523,18 +535,20 @@ def _element_judgement(diff, ref_err, rms_err: float, u: float, scale, criterion
 
 
 def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtype, sampled_error=None,
-                inherits: bool = True, shared_rms: float = 0.0) -> Judgement:
+                inherits: bool = True, shared_rms: float = 0.0, rounded_at: np.ndarray | None = None) -> Judgement:
     """Every criterion above for one tensor; passes when all pass. ``floor_dtype``: a name or torch dtype.
     ``sampled_error``: a callable giving the rounding samples' |rerun - oracle| at the places of
     ``oracle`` (parity/checks/rounding.py), called only for a small tensor that misses its max bound
     or a large one whose RMS misses by at most RMS_SAMPLED_REACH. ``inherits``: False for a stage-local
     check, whose reference starts from exact inputs (rms_bound). ``shared_rms``: the RMS of a stage's
-    row-shared roundings, added to the RMS bound (see "A row's shared rounding" above)."""
+    row-shared roundings, added to the RMS bound (see "A row's shared rounding" above). ``rounded_at``: per
+    entry of oracle, the magnitude of an intermediate a valid evaluation rounds, where it may exceed
+    |oracle| (see "A biased head's product" above): the floors' scale is the larger of the two."""
     if not got.size:
         return Judgement(True, "max", 0.0, 0.0)
     u = unit_roundoff(floor_dtype)
     diff, ref_err = np.abs(got - oracle), np.abs(ref - oracle)
-    scale = np.abs(oracle)
+    scale = np.abs(oracle) if rounded_at is None else np.maximum(np.abs(oracle), np.abs(rounded_at))
     max_diff, max_ref_err, max_scale = float(diff.max()), float(ref_err.max()), float(scale.max())
     bound = parity_bound(floor_dtype, max_ref_err, max_scale).value
     results = [Judgement(max_diff <= bound, "max", max_diff, bound)]
@@ -553,7 +567,7 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             bound = parity_bound(floor_dtype, sampled, max_scale).value
             results = [Judgement(max_diff <= bound, "sampled max", max_diff, bound)]
     if got.size >= ELEMENTWISE_MIN_SIZE:
-        rms_err, rms_scale = _rms(ref_err), _rms(oracle)
+        rms_err, rms_scale = _rms(ref_err), _rms(scale)
         cancelling = None  # the samples' errors where they disprove the premise of both criteria below
         taken = []  # the rounding samples at the places of oracle, taken once, on the first miss that needs them
 
