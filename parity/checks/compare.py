@@ -423,6 +423,13 @@ class Comparison:
             # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
             rows = self.rows_not_looked_up(spec) if spec.tied else None
             self.check_head_grad_stage(where, logits, ref_dz, orc_dz, weight_name, noisy_dz, rows)
+        # A head sharded along the vocabulary forms its input gradient as each shard's dz W partial
+        # product, rounded, then summed by the all-reduce: those partials are values it rounds
+        # (tolerances "A sharded head's partial products").
+        products = None
+        if weights is not None and self.tp > 1 and self.claims.param_shards.get(weight_name) == 0:
+            parts = [shard_slice(weights[0].shape[0], self.tp, r, self.grain, self.split) for r in range(self.tp)]
+            products = [stages.partial_products_magnitude(dz, w, parts) for dz, w in zip(orc_dz, weights)]
         for i, (step, micro, dp) in enumerate(where):
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
@@ -432,8 +439,10 @@ class Comparison:
                            step=step, micro=micro, rank=rank)
                 got = o.get("head_input_grad", step, micro, None)
                 if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
+                    partials = products[i] if products else None
                     self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
-                               orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank)
+                               orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank,
+                               rounded_at=None if partials is None else partials.reshape(got.shape))
 
     def check_lookup_loss_stage(self) -> None:
         """loss[stage] of an embedding trained alone (references/embedding_lookup.py): the squared-error

@@ -85,6 +85,14 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
     return [loss.detach().double().numpy() for loss in losses], grads, list(dz.detach())
 
 
+def partial_products_magnitude(dz: torch.Tensor, weight: np.ndarray, parts: list) -> np.ndarray:
+    """sum over the vocabulary shards ``parts`` (slices) of |dz[:, part] @ weight[part]|, in float64: the
+    magnitudes of the partial products a vocabulary-sharded head's input gradient rounds before its
+    all-reduce adds them (tolerances "A sharded head's partial products"). dz [N, V], weight [V, H]."""
+    dz, w = dz.double(), torch.from_numpy(weight).double()
+    return sum((dz[:, part] @ w[part]).abs() for part in parts).numpy()
+
+
 def lookup_loss_from_lookup(out: np.ndarray, target: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """The lookup-loss stage: references.embedding_lookup.lookup_loss of the recorded lookup held in
     ``dtype`` (the case dtype: the loss then computes in float32, as the reference's; float64: the oracle)."""

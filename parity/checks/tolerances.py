@@ -263,6 +263,16 @@ ef3f9c5: megatron_vocab_parallel bf16, vocabulary 2 over tp 2, hidden 19, with b
 shard at step 3 held logits of at most 0.0040 where x w^T reached 0.126; Megatron's error 3.8e-4 (0.78
 of a bf16 half unit of 0.126) against a floor of 16 units of 0.0040 (1.29x).
 
+A sharded head's partial products: a head sharded along the vocabulary forms its input gradient dz W
+as one partial product per shard, each rounded to the case dtype, which the all-reduce then adds. Each
+partial's rounding is relative to that partial, and where the shards' partials cancel (dz sums to zero
+over the vocabulary, so with one or a few rows a shard and similar rows they do), that is many times the
+result. The stage-local head-input-gradient check's floors therefore scale with the larger of |dz W| and
+sum over shards of |dz_s W_s| (judge_close's ``rounded_at``, stages.partial_products_magnitude), as the
+biased product above; an unsharded or hidden-sharded head keeps |dz W|. Found by `parity explore --seed
+0` at d12c6e6: torch_column_gathered (DTensor ColwiseParallel) bf16, reduction none, vocabulary 3 over tp
+3 (one row a rank), hidden 3: the RMS check at 1.12x (3.35e-4 against 2.99e-4), 0.93 with the partials.
+
 The constants were measured on the default matrix (`parity run --report DIR` records every
 measured/bound ratio in summary.json, `worst_ratio`), not guessed; see README "Tolerances";
 `parity sensitivity` measures what they let through (README "Sensitivity").
