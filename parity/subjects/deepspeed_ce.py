@@ -14,6 +14,7 @@ DeepSpeed state, so there is nothing to reset.
 from __future__ import annotations
 
 import dataclasses
+from importlib.util import find_spec
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
@@ -54,7 +55,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
                                             reduction=values["reduction"], backend="torch")
 
 
-class DeepSpeedVocabParallelCEModule(LigerShards, LogitsCE):
+class DeepSpeedVocabParallelCEModule(LogitsCE):
     """deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss, the module wrapper of
     vocab_parallel_cross_entropy: built with every argument set (tp_group, sp_group=None, the shard bounds,
     ignore_index, reduction, gather_sequence_loss=False, backend) and called as ``module(logits, target)``.
@@ -72,16 +73,21 @@ class DeepSpeedVocabParallelCEModule(LigerShards, LogitsCE):
     defaults = {"reduction": "none"}
 
     def _liger(self, values) -> bool:
-        return values.get("backend", "torch") == "liger"
+        """Whether DeepSpeed's gate must pick Liger here (a Triton device, or Triton claimed on CPU, and equal
+        shards); elsewhere backend "liger" falls back to the torch CE on every rank, which needs nothing."""
+        from parity.subjects.deepspeed_autotp import expected_ce_backend
 
-    def markers(self, values):
-        return super().markers(values) if self._liger(values) else LogitsCE.markers(self, values)
+        return expected_ce_backend(values) == "liger"
 
     def requires(self, values):
-        return super().requires(values) if self._liger(values) else LogitsCE.requires(self, values)
+        # Liger on CPU runs in Triton's interpreter (the rank worker sets TRITON_INTERPRET=1), as LigerShards says.
+        interpreted = self._liger(values) and values.get("device", "cpu") == "cpu"
+        return super().requires(values) + (["triton_interpreter"] if interpreted else [])
 
     def unavailable_reason(self, values):
-        return super().unavailable_reason(values) if self._liger(values) else LogitsCE.unavailable_reason(self, values)
+        if self._liger(values) and find_spec("liger_kernel") is None:
+            return "liger-kernel is not installed (pip install -e '.[liger]')"
+        return super().unavailable_reason(values)
 
     def claims(self, values):
         from parity.subjects.deepspeed_autotp import expected_ce_backend
