@@ -33,6 +33,8 @@ HELD_AXES = {
     "backward": ("once", "retained-graph and create_graph backwards are refusals for most loss subjects "
                          "(cases/loss_backward.toml)"),
     "targets": ("valid", "an out-of-range target is a refusal by contract (cases/liger_ce.toml)"),
+    "kl_shards": ("same", "a teacher sharded unlike the student is a refusal by contract (vocab_parallel_kl_div's "
+                          "docstring; cases/deepspeed_ce.toml, where the same-width layouts it accepts are marked)"),
     "device": ("cpu", "cuda cases run on GPU machines (parity run --device cuda)"),
     "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),

@@ -122,6 +122,14 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
+    Axis("reverse", (False, True), False, _flag("kl_rev", "kl_fwd"),
+         help="ds_vocab_kl: vocab_parallel_kl_div's reverse argument: False, KL(teacher || student); True, "
+              "KL(student || teacher)"),
+    Axis("kl_grad", ("student", "teacher", "both"), "both", lambda v: f"grad_{v}",
+         help="ds_vocab_kl: which logits require grad (the other is a leaf without grad, as a detached teacher is)"),
+    Axis("kl_shards", ("same", "shifted", "reversed"), "same", lambda v: f"tshard_{v}",
+         help="ds_vocab_kl: the teacher's vocabulary layout against the student's: the same shards; every rank's "
+              "bounds moved one column (same widths); or the shards in reverse rank order"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

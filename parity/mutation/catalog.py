@@ -40,12 +40,13 @@ HF_COLUMN, HF_ROW, HF_TIED = "hf_plan_column", "hf_plan_row", "hf_plan_tied"
 T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "torch_row_parallel"
 T_EMBED = "torch_vocab_embedding"
 DS_LOGPROBS, DS_ENTROPY = "ds_vocab_logprobs", "ds_vocab_entropy"
+DS_KL, DS_CE_MODULE = "ds_vocab_kl", "ds_vocab_ce_module"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY)
+            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE)
 
 
 @dataclass(frozen=True)
@@ -535,6 +536,69 @@ def _ops_logprobs_backward_no_target_term():
         return grad_logits.view_as(vocab_parallel_logits), None, None, None, None
 
     return _swap(ops._VocabParallelLogProbs, "backward", staticmethod(backward))
+
+
+def _ops_kl_ignores_reverse():
+    ops = _ops()
+
+    def vocab_parallel_kl_div(student_logits, teacher_logits, reverse=False, tp_group=None):
+        if student_logits.shape != teacher_logits.shape:
+            raise ValueError("student_logits and teacher_logits must have the same shape and vocabulary sharding")
+        # upstream hands bool(reverse) to the Function: here the forward KL(teacher || student) always
+        kl = ops._VocabParallelKLDiv.apply(student_logits, teacher_logits, False, tp_group)
+        return kl.view(student_logits.shape[:-1])
+
+    return _swap(ops, "vocab_parallel_kl_div", vocab_parallel_kl_div)
+
+
+def _ops_kl_backward_uncentred():
+    """_VocabParallelKLDiv.backward, upstream line for line, except that the weighted side's log-ratio is not
+    centred by the KL (d KL / d z_A = p_A (log p_A - log p_B - KL) loses its - KL)."""
+    ops = _ops()
+    torch = ops.torch
+
+    def backward(ctx, grad_output):
+        student_logits, teacher_logits, global_max, log_sum_exp, kl = ctx.saved_tensors
+        student = ops._flatten(student_logits)
+        teacher = ops._flatten(teacher_logits)
+        grad_output = grad_output.reshape(-1, 1).float()
+        need_student_grad, need_teacher_grad = ctx.needs_input_grad[:2]
+        grad_student = torch.empty_like(student) if need_student_grad else None
+        grad_teacher = torch.empty_like(teacher) if need_teacher_grad else None
+        a_grad, b_grad = ops._order_kl_arguments(grad_student, grad_teacher, ctx.reverse)
+        undefined_row = ops._undefined_rows(global_max).any(dim=0)
+        for rows in ops._row_chunks(student):
+            student_log_probs = ops._log_softmax(student[rows], global_max[0, rows], log_sum_exp[0, rows])
+            teacher_log_probs = ops._log_softmax(teacher[rows], global_max[1, rows], log_sum_exp[1, rows])
+            a_log_probs, b_log_probs = ops._order_kl_arguments(student_log_probs, teacher_log_probs, ctx.reverse)
+            a_probs = torch.exp(a_log_probs)
+            if a_grad is not None:
+                log_ratio = a_log_probs - b_log_probs  # upstream subtracts kl[rows].unsqueeze(-1) here
+                a_grad_chunk = ops._weighted_by_probs(a_log_probs, log_ratio, a_probs).mul_(grad_output[rows])
+                a_grad[rows] = a_grad_chunk.masked_fill_(undefined_row[rows], 0.0)
+            if b_grad is not None:
+                b_grad_chunk = (torch.exp(b_log_probs) - a_probs).mul_(grad_output[rows])
+                b_grad[rows] = b_grad_chunk.masked_fill_(undefined_row[rows], 0.0)
+        if grad_student is not None:
+            grad_student = grad_student.view_as(student_logits)
+        if grad_teacher is not None:
+            grad_teacher = grad_teacher.view_as(teacher_logits)
+        return grad_student, grad_teacher, None, None
+
+    return _swap(ops._VocabParallelKLDiv, "backward", staticmethod(ops.once_differentiable(backward)))
+
+
+def _ce_module_drops_ignore_index():
+    ce = _ce()
+
+    def forward(self, vocab_parallel_logits, target):
+        # upstream passes ignore_index=self.ignore_index: here the function's default (-100)
+        return ce.vocab_parallel_cross_entropy(vocab_parallel_logits, target, tp_group=self.tp_group,
+                                               sp_group=self.sp_group, vocab_start_index=self.vocab_start_index,
+                                               vocab_end_index=self.vocab_end_index, reduction=self.reduction,
+                                               gather_sequence_loss=self.gather_sequence_loss, backend=self.backend)
+
+    return _swap(ce.VocabParallelCrossEntropyLoss, "forward", forward)
 
 
 def _ce_mean_counts_ignored():
@@ -1103,8 +1167,21 @@ MUTANTS = [
     Mutant("ops_softmax_stats_local_max",
            "vocab_parallel_ops._softmax_stats leaves out the row maxima's MAX all-reduce: every rank shifts its "
            "exp-sum by its own maximum, and the all-reduced sum mixes the shifts",
-           "deepspeed.sequence.vocab_parallel_ops._softmax_stats", "loss / collectives", (DS_LOGPROBS, DS_ENTROPY),
-           _ops_stats_local_max),
+           "deepspeed.sequence.vocab_parallel_ops._softmax_stats", "loss / collectives",
+           (DS_LOGPROBS, DS_ENTROPY, DS_KL), _ops_stats_local_max),
+    Mutant("ops_kl_ignores_reverse",
+           "vocab_parallel_kl_div drops its reverse argument: always the forward KL(teacher || student)",
+           "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div", "loss (reverse cases)", (DS_KL,),
+           _ops_kl_ignores_reverse),
+    Mutant("ops_kl_backward_uncentred",
+           "_VocabParallelKLDiv.backward leaves the KL out of the weighted side's gradient: p_A (log p_A - log p_B) "
+           "instead of p_A (log p_A - log p_B - KL)",
+           "deepspeed.sequence.vocab_parallel_ops._VocabParallelKLDiv.backward", "student_grad / teacher_grad",
+           (DS_KL,), _ops_kl_backward_uncentred),
+    Mutant("ce_module_drops_ignore_index",
+           "VocabParallelCrossEntropyLoss.forward does not pass its ignore_index on: the function's default -100",
+           "deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss.forward", "loss", (DS_CE_MODULE,),
+           _ce_module_drops_ignore_index),
     Mutant("ops_logprobs_backward_no_target_term",
            "_VocabParallelLogProbs.backward drops the requested ids' own term (onehot): the logits gradient is "
            "-softmax x upstream alone",

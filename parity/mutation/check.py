@@ -75,6 +75,9 @@ SELECTION = {
     catalog.DS_LOGPROBS: ["ds_vocab_logprobs-fp32-v35-ign_scattered-tp3-cpu",
                           "ds_vocab_logprobs-bf16-v35-ign_scattered-tp2-cpu"],
     catalog.DS_ENTROPY: ["ds_vocab_entropy-fp32-v35-tp3-cpu"],
+    catalog.DS_KL: ["ds_vocab_kl-fp32-kl_rev-v32-grad_both-tshard_same-tp3-cpu",
+                    "ds_vocab_kl-bf16-kl_rev-v35-grad_student-tshard_same-tp3-cpu"],
+    catalog.DS_CE_MODULE: ["ds_vocab_ce_module-fp32-sum-v35-ign_scattered-ignidx0-torch-tp3-cpu"],
     catalog.DS_CE: [
         "ds_vocab_ce-fp32-mean-v35-ign_scattered-tp2-cpu",
         "ds_vocab_ce-bf16-none-v269-ign_scattered-tp2-cpu",

@@ -14,12 +14,13 @@ DeepSpeed state, so there is nothing to reset.
 from __future__ import annotations
 
 import dataclasses
+from importlib.util import find_spec
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
-from parity.subjects.deepspeed_autotp import record_loss_backend, setup_deepspeed
+from parity.subjects.deepspeed_autotp import claimed_triton, record_loss_backend, setup_deepspeed
 from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, tp_group
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
@@ -52,6 +53,60 @@ class DeepSpeedVocabParallelCE(LogitsCE):
         return vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
                                             vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
                                             reduction=values["reduction"], backend="torch")
+
+
+class DeepSpeedVocabParallelCEModule(LogitsCE):
+    """deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss, the module wrapper of
+    vocab_parallel_cross_entropy: built with every argument set (tp_group, sp_group=None, the shard bounds,
+    ignore_index, reduction, gather_sequence_loss=False, backend) and called as ``module(logits, target)``.
+    A smoke test of the forwarding: each argument the cases set is one the function would notice dropped.
+    ignore_index 0 (not the default -100) changes which targets count; reduction "none"/"sum" (not the
+    default "mean") changes the loss's shape and scale; uneven shards need the bounds; backend "liger" (with
+    Triton claimed on CPU, the harness shortcut of the Liger-gate cases) must run Liger, which the
+    ``loss_backend`` check sees, where the default "torch" would not."""
+
+    name = "ds_vocab_ce_module"
+    description = ("deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss (the module) with ignore_index, "
+                   "reduction, shard bounds and backend passed through")
+    axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None,
+            "ignore_index": None, "backend": None, "triton": None, "tp": None, "device": None}
+    defaults = {"reduction": "none"}
+
+    def _liger(self, values) -> bool:
+        """Whether DeepSpeed's gate must pick Liger here (a Triton device, or Triton claimed on CPU, and equal
+        shards); elsewhere backend "liger" falls back to the torch CE on every rank, which needs nothing."""
+        from parity.subjects.deepspeed_autotp import expected_ce_backend
+
+        return expected_ce_backend(values) == "liger"
+
+    def requires(self, values):
+        # Liger on CPU runs in Triton's interpreter (the rank worker sets TRITON_INTERPRET=1), as LigerShards says.
+        interpreted = self._liger(values) and values.get("device", "cpu") == "cpu"
+        return super().requires(values) + (["triton_interpreter"] if interpreted else [])
+
+    def unavailable_reason(self, values):
+        if self._liger(values) and find_spec("liger_kernel") is None:
+            return "liger-kernel is not installed (pip install -e '.[liger]')"
+        return super().unavailable_reason(values)
+
+    def claims(self, values):
+        from parity.subjects.deepspeed_autotp import expected_ce_backend
+
+        return dataclasses.replace(super().claims(values), loss_backend=expected_ce_backend(values))
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        from deepspeed.sequence.cross_entropy import VocabParallelCrossEntropyLoss
+
+        setup_deepspeed(ctx)
+        module = VocabParallelCrossEntropyLoss(tp_group=group, sp_group=None, vocab_start_index=part.start,
+                                               vocab_end_index=part.stop, ignore_index=self.ignore_index(values),
+                                               reduction=values["reduction"], gather_sequence_loss=False,
+                                               backend=values.get("backend", "torch"))
+        log: list = []
+        with claimed_triton(values.get("triton") == "claimed"), record_loss_backend(log):
+            loss = module(local, targets)
+        obs.facts["loss_backend"] = {(0, 0): log}
+        return loss
 
 
 class DeepSpeedVocabParallelLogProbs(LogitsCE):

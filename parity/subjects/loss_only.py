@@ -51,9 +51,13 @@ class LogitsCE(Subject):
     def reference(self, values, compute_dtype=None):
         return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
                             DTYPES[values["dtype"]], compute_dtype,
-                            IGNORE_INDEX, reduction=values.get("reduction", "none"),
+                            self.ignore_index(values), reduction=values.get("reduction", "none"),
                             backward=values.get("backward", "once"), measure=self.measure,
                             label_smoothing=values.get("label_smoothing", 0.0))
+
+    def ignore_index(self, values) -> int:
+        """The target id this case ignores: the ``ignore_index`` axis where a subject declares it, else -100."""
+        return values.get("ignore_index", IGNORE_INDEX)
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
@@ -70,7 +74,7 @@ class LogitsCE(Subject):
         part = self.block(vocab, tp, tp_rank)
         seed = case_seed(SEED, values)
         logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.get("ignore", "none"), DTYPES[values["dtype"]],
-                                              IGNORE_INDEX)
+                                              self.ignore_index(values))
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
         local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)

@@ -1,0 +1,95 @@
+"""DeepSpeed 0.19.8's vocab_parallel_kl_div on vocabulary shards (``ds_vocab_kl``).
+
+``deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div(student, teacher, reverse, tp_group)``
+(on-policy distillation's loss) on this rank's block of seeded student and teacher logits, against the
+per-token KL of the full logits (references/kl_div.py: what a user writes with F.kl_div(log_target=True,
+reduction="none").sum(-1)). Records: the per-token KL (replicated), the gradient of each logits tensor
+that requires grad (``kl_grad``: the student's, the teacher's, or both; DeepSpeed's backward gives the
+teacher one unless it is detached), sharded along the vocabulary, and both inputs afterwards (bitwise).
+
+The function validates no shard layout (its docstring: "Teacher and student logits passed to the KL op
+must be sharded identically", checked only as equal local shapes): ``kl_shards`` hands the teacher in
+another layout (bounds moved by one column, or the shards in reverse rank order) to record what it does.
+Like the other loss-only subjects it touches no process-global DeepSpeed state.
+"""
+from __future__ import annotations
+
+import torch
+
+from parity.observe import collectives
+from parity.observe.dtypes import DTYPES
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_slice
+from parity.subjects.base import Claims, Subject, case_seed
+from parity.subjects.deepspeed_autotp import setup_deepspeed
+from parity.subjects.loss_only import SEED, TOKENS, tp_group
+from references.kl_div import kl_inputs, kl_reference
+from references.trajectory import TrainingSpec
+
+
+def teacher_columns(vocab: int, tp: int, tp_rank: int, layout: str) -> torch.Tensor:
+    """The vocabulary ids of the teacher block this rank hands DeepSpeed: the student's own ("same"),
+    each one moved one column on (mod vocab; every rank keeps its width: "shifted"), or the block of
+    TP rank tp-1-r ("reversed": the widths differ where the split is uneven)."""
+    if layout == "reversed":
+        tp_rank = tp - 1 - tp_rank
+    part = shard_slice(vocab, tp, tp_rank)
+    ids = torch.arange(part.start, part.stop)
+    return (ids + 1) % vocab if layout == "shifted" else ids
+
+
+class DeepSpeedVocabParallelKL(Subject):
+    framework = "deepspeed"
+    name = "ds_vocab_kl"
+    description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div (forward / reverse) on vocabulary "
+                   "shards, against the per-token KL of the full logits")
+    axes = {"dtype": None, "reverse": None, "vocab": None, "kl_grad": None, "kl_shards": None, "tp": None,
+            "device": None}
+
+    def claims(self, values):
+        grad = values.get("kl_grad", "both")
+        records = {"loss": None}
+        if grad in ("student", "both"):
+            records["student_grad"] = -1
+        if grad in ("teacher", "both"):
+            records["teacher_grad"] = -1
+        records.update(student_after=-1, teacher_after=-1)
+        return Claims(module_types={}, param_shards={}, micro_records=records,
+                      exact_records=("student_after", "teacher_after"))
+
+    def training_spec(self, values):
+        return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore="none")
+
+    def reference(self, values, compute_dtype=None):
+        return kl_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
+                            values.get("kl_grad", "both"), DTYPES[values["dtype"]], compute_dtype)
+
+    def reference_key(self, values):
+        return ("kl_reference", case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
+                values.get("kl_grad", "both"), values["dtype"])
+
+    def run_rank(self, values, ctx):
+        from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_kl_div
+
+        setup_deepspeed(ctx)
+        tp, vocab, grad = values["tp"], values["vocab"], values.get("kl_grad", "both")
+        group = tp_group(ctx, tp)
+        tp_rank, dp_rank = ctx.tp_dp(tp)
+        student, teacher, upstream = kl_inputs(case_seed(SEED, values), TOKENS, vocab, DTYPES[values["dtype"]])
+        part = shard_slice(vocab, tp, tp_rank)
+        local_s = student[:, part].to(ctx.device).contiguous().requires_grad_(grad in ("student", "both"))
+        columns = teacher_columns(vocab, tp, tp_rank, values.get("kl_shards", "same"))
+        local_t = teacher[:, columns].to(ctx.device).contiguous().requires_grad_(grad in ("teacher", "both"))
+        with collectives.recording() as counts:
+            loss = vocab_parallel_kl_div(local_s, local_t, reverse=values.get("reverse", False), tp_group=group)
+            (loss * upstream.to(ctx.device, loss.dtype)).sum().backward()
+        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        obs.facts["collectives"] = {(0, 0): dict(counts)}
+        obs.record("loss", 0, 0, None, loss)
+        if local_s.requires_grad:
+            obs.record("student_grad", 0, 0, None, local_s.grad)
+        if local_t.requires_grad:
+            obs.record("teacher_grad", 0, 0, None, local_t.grad)
+        obs.record("student_after", 0, 0, None, local_s.detach())
+        obs.record("teacher_after", 0, 0, None, local_t.detach())
+        return obs
