@@ -34,6 +34,12 @@ HELD_AXES = {
                          "(cases/loss_backward.toml)"),
     "targets": ("valid", "an out-of-range target is a refusal by contract (cases/liger_ce.toml)"),
     "device": ("cpu", "cuda cases run on GPU machines (parity run --device cuda)"),
+    "ls_formula": ("pytorch", "Liger's megatron formula differs from torch's label smoothing by design, a documented "
+                              "divergence at every point (cases/liger_ce.toml)"),
+    "ls_mode": ("global", "Liger's partition mode smooths over the local shard, a documented divergence at every "
+                          "point (cases/liger_ce.toml)"),
+    "global_vocab": ("unset", "a wrong global_vocab_size is a user error DeepSpeed trusts: its refusal and its "
+                              "divergences are fixed scenarios (cases/deepspeed_ce.toml)"),
     "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
 }
