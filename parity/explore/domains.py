@@ -36,6 +36,12 @@ HELD_AXES = {
     "kl_shards": ("same", "a teacher sharded unlike the student is a refusal by contract (vocab_parallel_kl_div's "
                           "docstring; cases/deepspeed_ce.toml, where the same-width layouts it accepts are marked)"),
     "device": ("cpu", "cuda cases run on GPU machines (parity run --device cuda)"),
+    "ls_formula": ("pytorch", "Liger's megatron formula differs from torch's label smoothing by design, a documented "
+                              "divergence at every point (cases/liger_ce.toml)"),
+    "ls_mode": ("global", "Liger's partition mode smooths over the local shard, a documented divergence at every "
+                          "point (cases/liger_ce.toml)"),
+    "global_vocab": ("unset", "a wrong global_vocab_size is a user error DeepSpeed trusts: its refusal and its "
+                              "divergences are fixed scenarios (cases/deepspeed_ce.toml)"),
     "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
 }

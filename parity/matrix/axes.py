@@ -103,7 +103,16 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
     Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
          help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
-              "(megatron vocab-parallel subjects only)"),
+              "(megatron vocab-parallel subjects and liger_vocab_ce)"),
+    Axis("ls_formula", ("pytorch", "megatron"), "pytorch", lambda v: f"lsf_{v}", quiet_default=True,
+         help="Liger's label_smoothing_formula: pytorch (a/V on every class, torch's) or megatron (NeMo's "
+              "a*K/(K-1); liger_vocab_ce only)"),
+    Axis("ls_mode", ("global", "partition"), "global", lambda v: f"lsm_{v}", quiet_default=True,
+         help="Liger's label_smoothing_mode: global (the smoothing term over the whole vocabulary) or partition "
+              "(over the rank's own shard; liger_vocab_ce only)"),
+    Axis("global_vocab", ("unset", "exact", "under", "over"), "unset", lambda v: f"gvs_{v}", quiet_default=True,
+         help="the global_vocab_size passed to DeepSpeed's vocab_parallel_cross_entropy (which trusts it and skips "
+              "its shard-layout validation): not passed, the vocabulary, one less, one more (ds_vocab_ce, ds_liger_ce)"),
     Axis("process", ("fresh", "after_zero3"), "fresh", lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3"}[v],
          quiet_default=True,
          help="the rank process a case's model is built in: fresh (the harness puts back what earlier cases left "

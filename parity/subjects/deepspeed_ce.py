@@ -34,6 +34,15 @@ HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head i
 FUSED_TOKENS = 40
 
 
+def global_vocab_size(values: dict) -> int | None:
+    """The global_vocab_size a case passes to vocab_parallel_cross_entropy (its ``global_vocab`` axis): None
+    (not passed: DeepSpeed validates the shard layout collectively), the vocabulary, or one off either way.
+    DeepSpeed trusts a passed value (it skips the validation): it feeds the target range check and the Liger
+    gate's equal-shard test (sequence/cross_entropy.py:236-258)."""
+    vocab = values["vocab"]
+    return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values.get("global_vocab", "unset")]
+
+
 def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
     part = shard_slice(vocab, tp, tp_rank)
     return part, part.start, part.stop
@@ -43,7 +52,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     name = "ds_vocab_ce"
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "device": None, "backward": None}
+            "device": None, "backward": None, "global_vocab": None, "targets": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -51,8 +60,8 @@ class DeepSpeedVocabParallelCE(LogitsCE):
 
         setup_deepspeed(ctx)
         return vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
-                                            vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
-                                            reduction=values["reduction"], backend="torch")
+                                            vocab_end_index=part.stop, global_vocab_size=global_vocab_size(values),
+                                            ignore_index=IGNORE_INDEX, reduction=values["reduction"], backend="torch")
 
 
 class DeepSpeedVocabParallelCEModule(LogitsCE):
@@ -152,31 +161,51 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     the CE that ran counted (it must be Liger: equal shards only). On CPU DeepSpeed's gate never
     selects Liger (no Triton accelerator), so the rank calls the function that backend dispatches
     to, deepspeed.sequence.cross_entropy._liger_vocab_cross_entropy, directly; Liger's kernels run
-    in Triton's interpreter (TRITON_INTERPRET=1, set by the CPU rank worker)."""
+    in Triton's interpreter (TRITON_INTERPRET=1, set by the CPU rank worker).
+
+    With ``triton = "claimed"`` a CPU rank takes the CUDA path instead: the public function behind DeepSpeed's
+    gate, the CE module told that the accelerator has Triton (deepspeed_autotp.claimed_triton, a harness
+    shortcut). Only the gated path sees the ``global_vocab`` axis (the global_vocab_size DeepSpeed trusts in
+    its equal-shard test), and on it an uneven layout is DeepSpeed's to route (to torch), not a skip. The
+    backend it must pick is decided from the true layout: Liger on equal shards, torch on uneven ones."""
 
     name = "ds_liger_ce"
     description = ("DeepSpeed's Liger CE backend (_liger_vocab_cross_entropy: Liger kernel + DeepSpeed's "
                    "one-backward guard) on equal vocabulary shards, per-token losses")
-    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None}
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
+            "global_vocab": None, "triton": None}
+
+    @staticmethod
+    def gated(values) -> bool:
+        """Whether the rank calls vocab_parallel_cross_entropy(backend="liger") (DeepSpeed's gate decides)."""
+        return values.get("device") == "cuda" or values.get("triton") == "claimed"
+
+    def needs_equal_shards(self, values):
+        return not self.gated(values)
 
     def claims(self, values):
         claims = super().claims(values)
-        if values.get("device") == "cuda":
-            claims = dataclasses.replace(claims, loss_backend="liger")
+        if self.gated(values):
+            equal = values["vocab"] % values["tp"] == 0
+            claims = dataclasses.replace(claims, loss_backend="liger" if equal else "torch")
         return claims
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence import cross_entropy as ce
 
+        if not self.gated(values) and values.get("global_vocab", "unset") != "unset":
+            raise ValueError("ds_liger_ce: global_vocab needs the gated path (device cuda or triton claimed); "
+                             "the direct _liger_vocab_cross_entropy call takes no global_vocab_size")
         setup_deepspeed(ctx)
-        if values.get("device") != "cuda":
+        if not self.gated(values):
             obs.facts["loss_backend"] = {(0, 0): ["liger"]}
             return ce._liger_vocab_cross_entropy(local, targets, group, IGNORE_INDEX)
         log: list = []
-        with record_loss_backend(log):
+        with record_loss_backend(log), claimed_triton(values.get("triton") == "claimed"):
             loss = ce.vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
-                                                   vocab_end_index=part.stop, ignore_index=IGNORE_INDEX,
-                                                   reduction="none", backend="liger")
+                                                   vocab_end_index=part.stop,
+                                                   global_vocab_size=global_vocab_size(values),
+                                                   ignore_index=IGNORE_INDEX, reduction="none", backend="liger")
         obs.facts["loss_backend"] = {(0, 0): log}
         return loss
 

@@ -14,13 +14,16 @@ class LigerVocabParallelCE(LigerShards, LogitsCE):
     name = "liger_vocab_ce"
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
-            "targets": None, "label_smoothing": None}
+            "targets": None, "label_smoothing": None, "ls_formula": None, "ls_mode": None}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from liger_kernel.ops.vocab_parallel_cross_entropy import LigerVocabParallelCEFunction
 
         local_vocab = local.shape[-1]
-        # Liger's layout is [seq, batch, vocab]; it returns per-token fp32 losses.
+        # Liger's layout is [seq, batch, vocab]; it returns per-token fp32 losses. The smoothing formula and
+        # mode are passed as the case names them; the reference stays torch's label_smoothing whatever they
+        # are (megatron's formula and the partition mode are documented divergences, cases/liger_ce.toml).
         return LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab), targets.view(TOKENS, 1), group,
-                                                  IGNORE_INDEX, values.get("label_smoothing", 0.0), "pytorch",
-                                                  "global").view(TOKENS)
+                                                  IGNORE_INDEX, values.get("label_smoothing", 0.0),
+                                                  values.get("ls_formula", "pytorch"),
+                                                  values.get("ls_mode", "global")).view(TOKENS)

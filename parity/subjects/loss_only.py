@@ -103,8 +103,12 @@ class LigerShards:
         cpu = values.get("device", "cpu") == "cpu"
         return super().requires(values) + (["triton_interpreter"] if cpu else [])
 
+    def needs_equal_shards(self, values) -> bool:
+        """False where something else (DeepSpeed's gate) decides whether Liger runs on this layout."""
+        return True
+
     def unavailable_reason(self, values):
-        if values["vocab"] % values["tp"]:
+        if values["vocab"] % values["tp"] and self.needs_equal_shards(values):
             return "Liger assumes equal vocabulary shards; this vocabulary does not divide by tp"
         if find_spec("liger_kernel") is None:
             return "liger-kernel is not installed (pip install -e '.[liger]')"

@@ -101,7 +101,7 @@ def test_claims_name_sharded_records():
 
 def test_case_file_covers_uneven_vocab_reductions_and_chunks():
     cases = load_file(CASE_FILE)
-    assert 100 <= len(cases) <= 290  # 261 since the vocab-parallel ops' 59 cases; 282 with ds_vocab_kl / ds_vocab_ce_module
+    assert 100 <= len(cases) <= 300  # 261 since the vocab-parallel ops' 59 cases; 282 with ds_vocab_kl / ds_vocab_ce_module; 294 with the 12 global_vocab ones
     for name in ("ds_vocab_ce", "ds_fused_linear_ce"):
         mine = [c for c in cases if c.subject == name]
         assert {c["reduction"] for c in mine} == {"none", "sum", "mean"}
@@ -200,3 +200,71 @@ def test_bf16_fused_ce_scalar_loss_catches_a_one_percent_scale(reduction):
     assert _failed(subject, values, _observations(subject, values)) == []
     obs = _observations(subject, values, lambda k, a: a * 1.01 if k == "loss" else a)
     assert "loss" in _failed(subject, values, obs)
+
+
+# global_vocab_size (the global_vocab axis) and Liger's label-smoothing options (ls_formula, ls_mode).
+
+def test_global_vocab_axis_names_the_size_passed():
+    from parity.subjects.deepspeed_ce import global_vocab_size
+
+    assert [global_vocab_size({"vocab": 35, "global_vocab": g}) for g in ("unset", "exact", "under", "over")] == \
+        [None, 35, 34, 36]
+    assert global_vocab_size({"vocab": 35}) is None  # the axis's default: not passed, DeepSpeed validates
+
+
+def test_ds_liger_ce_backend_claim_follows_the_true_layout_on_the_gated_path():
+    """Through DeepSpeed's gate (cuda, or triton claimed on CPU) the backend that must run is decided from the
+    real shards, never from the global_vocab_size the case passes: Liger on equal shards, torch on uneven ones."""
+    subject = SUBJECTS["ds_liger_ce"]
+    base = {"dtype": "fp32", "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once"}
+    for vocab, gvs, want in [(32, "exact", "liger"), (32, "over", "liger"), (35, "over", "torch"),
+                             (35, "exact", "torch")]:
+        values = {**base, "vocab": vocab, "global_vocab": gvs, "triton": "claimed"}
+        assert subject.claims(values).loss_backend == want
+        assert not subject.needs_equal_shards(values)  # an uneven layout runs (DeepSpeed routes it), no skip
+    direct = {**base, "vocab": 35, "global_vocab": "unset", "triton": "device"}
+    assert subject.claims(direct).loss_backend is None and subject.needs_equal_shards(direct)
+    assert "equal vocabulary shards" in subject.unavailable_reason(direct)
+
+
+def test_ds_liger_ce_direct_path_refuses_a_global_vocab_it_would_ignore():
+    subject = SUBJECTS["ds_liger_ce"]
+    values = {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once",
+              "global_vocab": "over", "triton": "device"}
+    with pytest.raises(ValueError, match="global_vocab needs the gated path"):
+        subject.loss(values, None, None, None, None, None, RankObservations(0, 0, 0))
+
+
+def test_liger_smoothing_options_reach_liger_and_leave_the_reference_torchs(monkeypatch):
+    """The formula and mode are handed to LigerVocabParallelCEFunction as the case names them, and the reference
+    is torch's label_smoothing whatever they are (their differences are documented divergences)."""
+    from liger_kernel.ops import vocab_parallel_cross_entropy as liger
+
+    seen = []
+
+    class Recorder:
+        @staticmethod
+        def apply(logits, targets, group, ignore_index, smoothing, formula, mode):
+            seen.append((smoothing, formula, mode))
+            return torch.zeros(logits.shape[:2])
+
+    monkeypatch.setattr(liger, "LigerVocabParallelCEFunction", Recorder)
+    subject = SUBJECTS["liger_vocab_ce"]
+    values = {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once",
+              "targets": "valid", "label_smoothing": 0.1}
+    local, targets = torch.zeros(24, 16), torch.zeros(24, dtype=torch.long)
+    for formula, mode in [("pytorch", "global"), ("megatron", "global"), ("pytorch", "partition")]:
+        subject.loss({**values, "ls_formula": formula, "ls_mode": mode}, None, local, targets, None, None, None)
+    assert seen == [(0.1, "pytorch", "global"), (0.1, "megatron", "global"), (0.1, "pytorch", "partition")]
+    torch_ref = subject.reference({**values, "ls_formula": "pytorch", "ls_mode": "global"})
+    for formula, mode in [("megatron", "global"), ("megatron", "partition")]:
+        ref = subject.reference({**values, "ls_formula": formula, "ls_mode": mode})
+        assert all(torch.equal(ref.records[k], torch_ref.records[k]) for k in torch_ref.records)
+
+
+def test_new_case_entries_carry_their_axes():
+    ids = {case_id(c.subject, c.values) for c in load_file(CASE_FILE)}
+    assert {"ds_vocab_ce-fp32-none-v32-ign_scattered-tp2-cpu-gvs_over-tgt_oob",
+            "ds_liger_ce-fp32-v35-ign_scattered-tp2-cpu-gvs_over-triton_claimed"} <= ids
+    liger_ids = {case_id(c.subject, c.values) for c in load_file(CASE_FILE.parent / "liger_ce.toml")}
+    assert "liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu-ls0.1-lsf_megatron-lsm_partition" in liger_ids
