@@ -44,6 +44,10 @@ HELD_AXES = {
                               "divergences are fixed scenarios (cases/deepspeed_ce.toml)"),
     "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
+    "grad_allreduce": (False, "grad_allreduce on the replicated proj is a documented divergence at every point (tp x "
+                              "its gradient: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
+    "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
+                               "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }
 # Subjects not searched: ds_reject's variants are fixed refusal scenarios, one case each.
 NOT_EXPLORED = {"ds_reject": "its cases are documented refusals, one per variant, not a parity domain"}

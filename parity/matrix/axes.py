@@ -42,6 +42,7 @@ REJECTIONS = (
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
+    "strict_unmatched_proj", "strict_unmatched_head",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
@@ -139,6 +140,19 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("kl_shards", ("same", "shifted", "reversed"), "same", lambda v: f"tshard_{v}",
          help="ds_vocab_kl: the teacher's vocabulary layout against the student's: the same shards; every rank's "
               "bounds moved one column (same widths); or the shards in reverse rank order"),
+    Axis("use_default_specs", ("false", "unset", "true"), "false", lambda v: f"defspecs_{v}", quiet_default=True,
+         help="tensor_parallel.partition_config.use_default_specs: false (every engine case's own setting), left "
+              "out (DeepSpeed's default, true), or true; no preset_model is set, so there are no built-in specs "
+              "to merge and every value must give the same model (column_gathered only)"),
+    Axis("grad_allreduce", (False, True), False, _flag("proj_gar", "proj_nogar"), quiet_default=True,
+         help="partition_config grad_allreduce on proj's skip spec: DeepSpeed then sums proj's gradient over the TP "
+              "group (meant for a replicated parameter fed sharded activations; proj's is already whole) "
+              "(column_gathered only)"),
+    Axis("embedding_dim", ("unset", 0, 1), "unset", lambda v: "edim_unset" if v == "unset" else f"edim{v}",
+         minimum=0, quiet_default=True,
+         help="partition_config.embedding_partition_dim: left out (DeepSpeed's default, 1), 0 (the vocabulary "
+              "rows: the embedding's lookup is then whole on every rank, so proj stays replicated) or 1 (hidden "
+              "columns, the default spelled out) (embed_spec_untied only)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -263,6 +263,15 @@ def claimed_triton(active: bool):
         ce.get_accelerator = original
 
 
+def use_default_specs(values: dict) -> dict:
+    """partition_config's use_default_specs as the case's axis sets it: false (every engine case's own
+    setting), left out (DeepSpeed's default, true) or true. Without a preset_model there are no built-in
+    specs to merge (runtime/tensor_parallel/config.py get_partition_config_object), so none may change
+    the model: the claims are the same for all three."""
+    return {"false": {"use_default_specs": False}, "unset": {},
+            "true": {"use_default_specs": True}}[values.get("use_default_specs", "false")]
+
+
 class EngineHead(Subject):
     """Shared engine loop; subclasses say how the head is selected and what it must become."""
     framework = "deepspeed"
@@ -437,12 +446,16 @@ class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = {**COMMON_AXES, "ignore_index": None, "process": None}
+    axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
-        return {"partition_config": {"use_default_specs": False, "layer_specs": [
-            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
+        # grad_allreduce on proj's skip spec: proj is replicated and reads the whole (replicated) hidden state, so
+        # its gradient is already the full one on every rank; the claims and the reference stay plain torch's.
+        proj = {"patterns": [r"proj\.weight$"], "partition_type": "skip",
+                **({"grad_allreduce": True} if values.get("grad_allreduce", False) else {})}
+        return {"partition_config": {**use_default_specs(values), "layer_specs": [
+            proj,
             {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "column", "gather_output": True},
         ]}}
 

@@ -8,7 +8,10 @@ hidden-sliced embedding with the user's ``padding_idx`` kept (the reference: the
 receives a gradient) and counted once by the clipping norm.
 
 Axes of the tied subjects reused here: ``padding`` (the embedding's padding_idx) and ``embed_spec``
-(the spec's partition_type; AutoTP slices the hidden dim for either).
+(the spec's partition_type; AutoTP slices the hidden dim for either). ``embedding_dim`` sets
+partition_config.embedding_partition_dim: left out or 1, the hidden columns (the layout above); 0, the
+vocabulary rows: a vocabulary-sharded lookup hands every rank the whole hidden vector, so the user's
+``proj`` is then replicated (a skip spec) and the claims say the embedding is sharded along dim 0.
 """
 from __future__ import annotations
 
@@ -23,24 +26,39 @@ class EmbeddingSpecHead(ColumnGatheredHead):
     name = "embed_spec_untied"
     description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
                    "row-parallel LinearAllreduce, lm_head column-gathered; padding_idx and clipping must survive.")
-    axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column")}
+    axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column"),
+            "embedding_dim": None}
     defaults = {"embed_spec": "row"}
 
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values))
 
     def tensor_parallel_config(self, values):
-        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+        dim = values.get("embedding_dim", "unset")
+        return {"partition_config": {"use_default_specs": False, **({} if dim == "unset" else
+                                                                   {"embedding_partition_dim": dim}),
+                                     "layer_specs": [
             *embed_specs(values),
-            {"patterns": [r"proj\.weight$"], "partition_type": "row"},
+            {"patterns": [r"proj\.weight$"], "partition_type": "skip" if vocab_sharded(values) else "row"},
             {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True},
         ]}}
 
     def claims(self, values):
+        if vocab_sharded(values):
+            # What embedding_partition_dim 0 asks for: the table's vocabulary rows split over the TP ranks, the
+            # lookup whole on every rank (a replicated proj reads it), as a vocabulary-parallel embedding does.
+            return Claims(module_types={"lm_head": "LinearLayer", "proj": "Linear"},
+                          param_shards={"lm_head.weight": 0, "lm_head.bias": 0, "embed_tokens.weight": 0},
+                          reports_grad_norm=reports_grad_norm(values))
         return Claims(module_types={"lm_head": "LinearLayer", "proj": "LinearAllreduce", "embed_tokens": "Embedding"},
                       param_shards={"lm_head.weight": 0, "lm_head.bias": 0, "embed_tokens.weight": 1,
                                     "proj.weight": 1, "proj.bias": None},
                       reports_grad_norm=reports_grad_norm(values))
+
+
+def vocab_sharded(values: dict) -> bool:
+    """partition_config.embedding_partition_dim 0: the embedding split along its vocabulary rows."""
+    return values.get("embedding_dim", "unset") == 0
 
 
 SUBJECTS = [EmbeddingSpecHead()]

@@ -33,6 +33,11 @@ def _specs(*specs) -> dict:
     return {"partition_config": {"use_default_specs": False, "layer_specs": [SKIP_PROJ, *specs]}}
 
 
+def _strict(*specs) -> dict:
+    """partition_config.strict_mode: every 2-D weight the AutoTP walk meets must match a spec."""
+    return {"partition_config": {"use_default_specs": False, "strict_mode": True, "layer_specs": list(specs)}}
+
+
 ROW_HEAD = {"patterns": [r"lm_head\.weight$"], "partition_type": "row"}
 COLUMN_GATHERED = {"patterns": [r"lm_head\.weight$"], "partition_type": "column", "gather_output": True}
 VOCAB_PARALLEL = {"vocab_parallel_lm_head": True, **_specs()}
@@ -179,6 +184,10 @@ ENGINE_VARIANTS = {
     "zero3_prescale": EngineVariant(VOCAB_PARALLEL, values={"zero": 3, "dp_reduce": "prescale"}),
     # without ZeRO, bf16 weights with float32 gradient accumulation are an "unsupported mix"
     "zero0_bf16_fp32_accum": EngineVariant(VOCAB_PARALLEL, values={"dtype": "bf16", "grad_accum": "fp32"}),
+    # strict_mode with a Linear no spec matches: proj (met before the head, nothing converted yet), or the head
+    # (met after proj, which its own column spec has converted by then: the user forgot the head's spec)
+    "strict_unmatched_proj": EngineVariant(_strict(COLUMN_GATHERED)),
+    "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
 }
 
 CE_VARIANTS = {
