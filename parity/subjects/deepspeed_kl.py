@@ -64,10 +64,6 @@ class DeepSpeedVocabParallelKL(Subject):
         return kl_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
                             values.get("kl_grad", "both"), DTYPES[values["dtype"]], compute_dtype)
 
-    def reference_key(self, values):
-        return ("kl_reference", case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
-                values.get("kl_grad", "both"), values["dtype"])
-
     def run_rank(self, values, ctx):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_kl_div
 
