@@ -20,12 +20,17 @@ def _cancelling_head():
     return x, w, b
 
 
+def _stage(x, w, b):
+    """The logits stage's oracle, its bf16 reference (F.linear) and the bias-free product x w^T."""
+    xs, ws, bs = (t.double().numpy() for t in (x, w, b))
+    return (stages.logits_from_head_input(xs, ws, bs, torch.float64),
+            stages.logits_from_head_input(xs, ws, bs, torch.bfloat16),
+            stages.logits_from_head_input(xs, ws, None, torch.float64))
+
+
 def test_rounding_the_product_before_the_bias_passes_only_with_the_product_as_scale():
     x, w, b = _cancelling_head()
-    xs, ws, bs = (t.double().numpy() for t in (x, w, b))
-    oracle = stages.logits_from_head_input(xs, ws, bs, torch.float64)
-    ref = stages.logits_from_head_input(xs, ws, bs, torch.bfloat16)
-    product = stages.logits_from_head_input(xs, ws, None, torch.float64)
+    oracle, ref, product = _stage(x, w, b)
     got = ((x @ w.t()) + b).double().numpy()  # Megatron's and DeepSpeed's order: two bf16 roundings
     assert np.abs(product).max() > 4 * np.abs(oracle).max()  # the premise: the bias cancels the product
     assert not judge_close(got, ref, oracle, "bf16", inherits=False).passed
@@ -34,10 +39,7 @@ def test_rounding_the_product_before_the_bias_passes_only_with_the_product_as_sc
 
 def test_an_error_of_a_few_percent_of_the_product_still_fails():
     x, w, b = _cancelling_head()
-    xs, ws, bs = (t.double().numpy() for t in (x, w, b))
-    oracle = stages.logits_from_head_input(xs, ws, bs, torch.float64)
-    ref = stages.logits_from_head_input(xs, ws, bs, torch.bfloat16)
-    product = stages.logits_from_head_input(xs, ws, None, torch.float64)
+    oracle, ref, product = _stage(x, w, b)
     wrong = oracle + 0.1 * np.abs(product).max()  # a bias applied 10% off the product's size
     assert not judge_close(wrong, ref, oracle, "bf16", inherits=False, rounded_at=product).passed
 

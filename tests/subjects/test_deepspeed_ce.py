@@ -124,9 +124,10 @@ def test_chunk_axis_leaves_other_subjects_ids_alone():
 
 # -- the comparison, fed observations made from the reference (no ranks) ------------------------
 
-def _observations(subject, values, plant=None):
-    """What a faithful subject would report: each rank's slice of the case-dtype reference."""
-    reference = subject.reference(values)
+def _observations(subject, values, plant=None, reference=None):
+    """What a faithful subject would report: each rank's slice of the case-dtype reference (or of
+    ``reference``, a trajectory standing in for it)."""
+    reference = reference or subject.reference(values)
     claims = subject.claims(values)
     tp = values["tp"]
     obs = {}

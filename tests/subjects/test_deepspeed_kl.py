@@ -12,13 +12,13 @@ import torch.nn.functional as F
 
 from parity.checks.compare import compare, reference_pair
 from parity.matrix.cases import load_file
-from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
 from parity.subjects.deepspeed_kl import teacher_columns
 from references.cross_entropy import ce_inputs, ce_reference
 from references.kl_div import kl_inputs, kl_reference, token_kl
 from references.loss import token_losses
+from tests.subjects.test_deepspeed_ce import _observations
 
 CASE_FILE = Path(__file__).resolve().parents[2] / "cases" / "deepspeed_ce.toml"
 F64 = torch.float64
@@ -142,28 +142,6 @@ def test_case_file_covers_kl_and_the_module():
 
 KL = {"dtype": "bf16", "reverse": True, "vocab": 32, "kl_grad": "both", "kl_shards": "same", "tp": 3,
       "device": "cpu"}
-
-
-def _observations(subject, values, reference=None, plant=None):
-    reference = reference or subject.reference(values)
-    claims = subject.claims(values)
-    tp = values["tp"]
-    obs = {}
-    for rank in range(tp):
-        o = RankObservations(rank, rank, 0)
-        o.facts["state_at_start"] = subject.clean_state
-        for kind, dim in claims.micro_records.items():
-            full = reference.get(kind, 0, 0, 0, None).numpy().copy()
-            if plant:
-                full = plant(kind, full)
-            if dim is not None:
-                index = [slice(None)] * full.ndim
-                index[dim] = shard_slice(full.shape[dim], tp, rank)
-                full = full[tuple(index)]
-            o.tensors[(kind, 0, 0, None)] = full
-            o.dtypes[(kind, 0, 0, None)] = reference.layouts[(kind, 0, 0, 0, None)][0]
-        obs[rank] = o
-    return obs
 
 
 def _failed(subject, values, obs):
