@@ -72,6 +72,18 @@ def batches(cases) -> list[list[tuple[int, object]]]:
     return list(grouped.values())
 
 
+def job_cache_size(process_size: int, jobs: int) -> int:
+    """Each job's share of the reference LRU's bound: together the jobs hold no more reference pairs
+    than one process would (compare.REFERENCE_CACHE_SIZE; 0, --no-reference-cache, stays 0).
+
+    Why a share and not the whole bound per job: a batch holds every case of one reference_key at
+    one world size, so a job reuses a pair within its batch and rarely after it. With the whole
+    bound each job kept up to 256 pairs it would not ask for again, and the default matrix's 451
+    keys reached it only over several passes: on the H200 host's 16 cores at -j 8 the jobs' RSS grew
+    31% over five passes (results/perf/h200-16-cores-soak/), where the soak target is flat within 10%."""
+    return -(-process_size // max(1, jobs))
+
+
 # Batches of at least this many ranks go out first (dispatch_order).
 EARLY_WORLD = 4
 
@@ -132,7 +144,7 @@ class JobProcesses:
         self.jobs = jobs
         self.cores = cores or available_cores()
         self.settings = {"runner": runner_settings, "capabilities": {},
-                         "reference_cache_size": compare.REFERENCE_CACHE_SIZE,
+                         "reference_cache_size": job_cache_size(compare.REFERENCE_CACHE_SIZE, jobs),
                          "reference_disk": str(compare.reference_disk.directory) if compare.reference_disk else None}
         self.ctx = mp.get_context("spawn")
         self.results = self.ctx.Queue()

@@ -88,6 +88,19 @@ def test_batches_keep_a_reference_and_a_world_size_together():
     assert any(len(b) > 1 for b in found)  # cases that share a reference go to one job
 
 
+def test_the_jobs_together_hold_no_more_references_than_one_process(monkeypatch):
+    from parity.harness.job_processes import JobProcesses, job_cache_size
+
+    assert [job_cache_size(256, j) for j in (1, 2, 3, 8, 300)] == [256, 128, 86, 32, 1]
+    assert job_cache_size(0, 8) == 0  # --no-reference-cache reaches the jobs
+    monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 256)
+    jobs = JobProcesses(8, {}, cores=16)  # no process starts before the first batch
+    try:
+        assert jobs.settings["reference_cache_size"] == 32
+    finally:
+        jobs.close()
+
+
 def test_a_dead_job_fails_the_cases_it_held_and_the_run_goes_on():
     import os
     import signal
