@@ -70,9 +70,13 @@ def install_tp_groups(ctx: RankContext, tp: int) -> None:
 def reset_deepspeed_state() -> dict:
     """Process-global AutoTP state a previous case may have left behind (deepspeed-autotp.md)."""
     from deepspeed.module_inject import layers
+    from deepspeed.runtime.tensor_parallel import init_utils
     from deepspeed.utils import groups
 
     layers.set_autotp_mode(training=False)
+    # tp_model_init's record is module-global and DeepSpeed never clears it: a later initialize would
+    # merge a stale tp_size / tp_group into its config.
+    init_utils._TP_MODEL_INIT_ARGS = None
     layers.TensorParallel_Layer.tp_overlap_comm = False
     layers.TensorParallel_Layer.keep_module_on_host = False
     for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
@@ -83,6 +87,7 @@ def reset_deepspeed_state() -> dict:
 def deepspeed_process_state() -> dict:
     """AutoTP's process-global switches as they are now (read only)."""
     from deepspeed.module_inject import layers
+    from deepspeed.runtime.tensor_parallel import init_utils
     from deepspeed.utils import groups
 
     return {
@@ -90,11 +95,12 @@ def deepspeed_process_state() -> dict:
         "tp_overlap_comm": layers.TensorParallel_Layer.tp_overlap_comm,
         "keep_module_on_host": layers.TensorParallel_Layer.keep_module_on_host,
         "tp_group_installed": groups._TENSOR_MODEL_PARALLEL_GROUP is not None,
+        "tp_model_init_recorded": init_utils._TP_MODEL_INIT_ARGS is not None,
     }
 
 
 CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_module_on_host": False,
-               "tp_group_installed": False}
+               "tp_group_installed": False, "tp_model_init_recorded": False}
 
 
 def _attribute(root, path: str):

@@ -141,6 +141,12 @@ class EngineVariant:
     probe_logits: bool = False
     # Engine axis values (zero, dtype, dp_reduce, grad_accum) the config is made with, as an EngineHead's.
     values: dict = dataclasses.field(default_factory=dict)
+    # The user lays out world = tp x dp with strided TP groups (rank r: TP rank r // dp, DP index r % dp; at
+    # tp 2 dp 2 {0,2},{1,3}, not the mesh's {0,1},{2,3}), feeds one batch per DP index, and hands DeepSpeed
+    # its TP group this way: "tp_model_init" (tp_model_init(..., tp_group=)), "config" (tensor_parallel.tp.
+    # tp_group) or "mpu" (initialize(mpu=)). An accepted initialize is probed with one forward.
+    user_tp: str = ""
+    dp: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +194,10 @@ ENGINE_VARIANTS = {
     # (met after proj, which its own column spec has converted by then: the user forgot the head's spec)
     "strict_unmatched_proj": EngineVariant(_strict(COLUMN_GATHERED)),
     "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
+    # the user's own TP groups, laid out unlike DeepSpeed's mesh: DeepSpeed must use them or refuse them
+    "user_tp_group_tp_model_init": EngineVariant(_specs(COLUMN_GATHERED), user_tp="tp_model_init", dp=2),
+    "user_tp_group_config": EngineVariant(_specs(COLUMN_GATHERED), user_tp="config", dp=2),
+    "user_tp_group_mpu": EngineVariant(_specs(COLUMN_GATHERED), user_tp="mpu", dp=2),
 }
 
 CE_VARIANTS = {
@@ -221,6 +231,49 @@ def _vocab(value, tp: int) -> int:
     return value(tp) if callable(value) else value
 
 
+class UserMpu:
+    """A Megatron-style mpu over the user's strided layout (EngineVariant.user_tp)."""
+
+    def __init__(self, rank, tp, dp, tp_group, dp_group):
+        self.rank, self.tp, self.dp, self.tp_group, self.dp_group = rank, tp, dp, tp_group, dp_group
+
+    def get_model_parallel_group(self):
+        return self.tp_group
+
+    def get_model_parallel_world_size(self):
+        return self.tp
+
+    def get_model_parallel_rank(self):
+        return self.rank // self.dp
+
+    get_tensor_model_parallel_group = get_model_parallel_group
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_data_parallel_world_size(self):
+        return self.dp
+
+    def get_data_parallel_rank(self):
+        return self.rank % self.dp
+
+
+def user_groups(ctx, tp: int, dp: int) -> tuple:
+    """This rank's (TP, DP) groups of the user's strided layout, made once per process (new_group is
+    collective, and a group per case would leak gloo groups in a pooled rank)."""
+    import torch.distributed as tdist
+
+    cache = ctx.state["deepspeed"].setdefault("user_groups", {})
+    if (tp, dp) not in cache:
+        tps = [tdist.new_group([d + dp * t for t in range(tp)]) for d in range(dp)]
+        dps = [tdist.new_group([dp * t + d for d in range(dp)]) for t in range(tp)]
+        cache[(tp, dp)] = tps, dps
+    tps, dps = cache[(tp, dp)]
+    return tps[ctx.rank % dp], dps[ctx.rank // dp]
+
+
 class _Config(EngineHead):
     """Only for EngineHead.ds_config: the engine settings every training subject uses."""
     name = "_ds_reject_config"
@@ -245,6 +298,10 @@ class DeepSpeedRejection(Subject):
 
     def claims(self, values):
         return Claims(module_types={}, param_shards={})
+
+    def world_size(self, values):
+        variant = ENGINE_VARIANTS.get(values["variant"])
+        return values["tp"] * (variant.dp if variant else 1)
 
     def model_spec(self, values):
         variant = ENGINE_VARIANTS[values["variant"]]
@@ -281,14 +338,27 @@ class DeepSpeedRejection(Subject):
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
         before = _engine_state(model)
+        mpu = user_tp = None
+        if variant.user_tp:
+            user_tp, user_dp = user_groups(ctx, tp, variant.dp)
+            if variant.user_tp == "tp_model_init":
+                # As a user would: tp_model_init supplies tp_size (and the group); the config leaves them out.
+                del config["tensor_parallel"]["autotp_size"]
+                deepspeed.tp_model_init(model, tp_size=tp, dtype=torch.float32, tp_group=user_tp)
+            elif variant.user_tp == "config":
+                config["tensor_parallel"].setdefault("tp", {})["tp_group"] = user_tp
+            else:
+                mpu = UserMpu(ctx.rank, tp, variant.dp, user_tp, user_dp)
         try:
-            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=mpu,
                                               optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
         except Exception as exc:
             # The user still holds ``model``: what the refused call left of it is part of the verdict.
             exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
             raise
         try:
+            if user_tp is not None:
+                self._probe_user_groups(engine, model, spec, ctx, user_tp, variant.dp, before)
             if variant.probe_logits:
                 ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
                 with torch.no_grad():
@@ -297,6 +367,27 @@ class DeepSpeedRejection(Subject):
                                      f"vocabulary of {spec.vocab} ({type(engine.module.lm_head).__name__})")
         finally:
             engine.destroy()
+
+    def _probe_user_groups(self, engine, model, spec, ctx, user_tp, dp, before):
+        """Accepted: say which groups this rank's engine took, and what the user's first step (one batch
+        per DP index of the user's layout) gets from them."""
+        import torch.distributed as tdist
+        from deepspeed.utils import groups
+
+        members = tdist.get_process_group_ranks
+        used = (f"user's TP group {members(user_tp)}; lm_head sharded over {members(engine.module.lm_head.mp_group)}, "
+                f"DeepSpeed's TP group {members(groups.get_tensor_model_parallel_group())}, engine DP group "
+                f"{members(engine.seq_data_parallel_group)}")
+        ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED + ctx.rank % dp))
+        try:
+            loss, _ = engine(input_ids=ids.to(ctx.device), labels=ids.to(ctx.device))
+            engine.backward(loss)
+            outcome = "the first forward and backward ran"
+        except Exception as exc:
+            outcome = f"the first forward raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        error = AssertionError(f"accepted: {used}; {outcome}")
+        error.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
+        raise error
 
     def _cross_entropy(self, variant: CEVariant, values, ctx):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
