@@ -31,3 +31,26 @@ def test_inference_head_claims_the_legacy_head():
     claims = SUBJECTS["inference_head"].claims(cases[0].values)
     assert claims.module_types["lm_head"] == "LmHeadLinearAllreduce"
     assert claims.param_shards["lm_head.weight"] == 1 and claims.micro_records == {"logits": None}
+
+
+def test_user_tp_group_variants_run_at_world_tp_times_dp():
+    # The user's strided groups only differ from DeepSpeed's consecutive mesh when there is a DP dimension.
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_rejects.toml") if c["variant"].startswith("user_tp_group_")]
+    assert {c["variant"] for c in cases} == {"user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu"}
+    assert all(c.world_size == 4 and c["tp"] == 2 and c.divergence for c in cases)
+    others = [c for c in load_file(CASES_DIR / "deepspeed_rejects.toml") if not c["variant"].startswith("user_")]
+    assert all(c.world_size == c["tp"] for c in others)
+
+
+def test_reset_clears_tp_model_init_record():
+    # DeepSpeed never clears tp_model_init's module-global record: the reset must, and the state must show it.
+    from deepspeed.runtime.tensor_parallel import init_utils
+
+    from parity.subjects.deepspeed_autotp import CLEAN_STATE, deepspeed_process_state, reset_deepspeed_state
+
+    init_utils.record_tp_model_init_args(tp_size=2, dtype=None, tp_group=None, dist_module=None)
+    try:
+        assert deepspeed_process_state()["tp_model_init_recorded"] is True
+        assert reset_deepspeed_state() == CLEAN_STATE
+    finally:
+        init_utils._TP_MODEL_INIT_ARGS = None
