@@ -149,6 +149,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="partition_config grad_allreduce on proj's skip spec: DeepSpeed then sums proj's gradient over the TP "
               "group (meant for a replicated parameter fed sharded activations; proj's is already whole) "
               "(column_gathered only)"),
+    Axis("dist_debug", ("off", "detail"), "off", lambda v: f"dbg_{v}", quiet_default=True,
+         help="TORCH_DISTRIBUTED_DEBUG when DeepSpeed builds its TP/DP groups: unset, or DETAIL (DeepSpeed then "
+              "builds them with new_group rank lists instead of a DeviceMesh split, and gloo checks every "
+              "collective's shapes across ranks) (column_gathered, vocab_parallel)"),
     Axis("embedding_dim", ("unset", 0, 1), "unset", lambda v: "edim_unset" if v == "unset" else f"edim{v}",
          minimum=0, quiet_default=True,
          help="partition_config.embedding_partition_dim: left out (DeepSpeed's default, 1), 0 (the vocabulary "

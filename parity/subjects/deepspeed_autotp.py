@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 from importlib.util import find_spec
 
@@ -48,23 +49,60 @@ def setup_deepspeed(ctx: RankContext) -> None:
     ctx.state["deepspeed"] = {"tp_groups": {}}
 
 
-def install_tp_groups(ctx: RankContext, tp: int) -> None:
+def install_tp_groups(ctx: RankContext, tp: int, dist_debug: str = "off") -> None:
     """DeepSpeed builds its (dp, tp) groups once per process and keeps them in module globals.
 
     Cases in one pooled process may use different TP sizes, and building groups per case would
-    leak a gloo group each time, so one set per TP size is made once and installed per case.
+    leak a gloo group each time, so one set per TP size (and debug mode) is made once and installed
+    per case.
+
+    dist_debug "detail" builds them as a user who launched with TORCH_DISTRIBUTED_DEBUG=DETAIL gets
+    them: DeepSpeed's new_group path (utils/groups.py) and gloo's collective-checking wrapper around
+    each group. Both read the setting when a group is made, so it is set for the build only and put
+    back after: the collectives keep their wrapper, and the next default case gets unwrapped groups.
     """
     from deepspeed.utils import groups
 
     cache = ctx.state["deepspeed"]["tp_groups"]
     names = ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP")
-    if tp not in cache:
+    key = tp if dist_debug == "off" else (tp, dist_debug)
+    if key not in cache:
         for n in names:
             setattr(groups, n, None)
-        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
-        cache[tp] = tuple(getattr(groups, n) for n in names)
-    for n, g in zip(names, cache[tp]):
+        if dist_debug == "off":
+            groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        else:
+            _init_groups_under_detail(groups, tp)
+        cache[key] = tuple(getattr(groups, n) for n in names)
+    for n, g in zip(names, cache[key]):
         setattr(groups, n, g)
+
+
+def _init_groups_under_detail(groups, tp: int) -> None:
+    import torch.distributed as dist
+
+    saved_env, saved_level = os.environ.get("TORCH_DISTRIBUTED_DEBUG"), dist.get_debug_level()
+    built, original = [], groups._init_tp_groups_with_new_group
+
+    def new_group_path(*args, **kwargs):
+        built.append(True)
+        return original(*args, **kwargs)
+
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    groups._init_tp_groups_with_new_group = new_group_path
+    try:
+        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+    finally:
+        groups._init_tp_groups_with_new_group = original
+        dist.set_debug_level(saved_level)
+        if saved_env is None:
+            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+        else:
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = saved_env
+    if not built:  # the case would pass on the default path and prove nothing about DETAIL's
+        raise RuntimeError("TORCH_DISTRIBUTED_DEBUG=DETAIL did not reach DeepSpeed's group setup "
+                           "(utils/groups.py no longer takes its new_group path for it)")
 
 
 def reset_deepspeed_state() -> dict:
@@ -380,7 +418,7 @@ class EngineHead(Subject):
 
         setup_deepspeed(ctx)
         tp = values["tp"]
-        install_tp_groups(ctx, tp)
+        install_tp_groups(ctx, tp, values.get("dist_debug", "off"))
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
         if values.get("process", "fresh") == "after_zero3":
@@ -452,7 +490,8 @@ class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None}
+    axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
+            "dist_debug": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -478,7 +517,8 @@ class VocabParallelHead(EngineHead):
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None}
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None,
+            "dist_debug": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):
