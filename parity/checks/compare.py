@@ -203,6 +203,7 @@ class Comparison:
         self.check_stages()
         self.check_lookup_loss_stage()
         self.check_replicas_agree()
+        self.check_saved()
         for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
@@ -787,6 +788,41 @@ class Comparison:
         update = float(np.max(np.abs(lr * grad))) if new.size else 0.0
         bound = sgd_identity_bound(self.dtype, scale, clipped, update, coefficient_error)
         self.add(f"sgd_update[{name}]", measured <= bound, step=step, rank=rank, measured=measured, bound=bound)
+
+    def check_saved(self) -> None:
+        """save axis: what global rank 0 wrote (subjects/deepspeed_autotp.py saved_state_dict) must be the unsharded
+        model's state_dict: the same keys (a tie keeps both names, as torch's state_dict does), each in the model
+        dtype and equal bitwise to the final weight the TP group holds, shards concatenated in rank order (no
+        padding, no reordering, no shard twice); and so within the weight bound of the reference's final weight."""
+        if self.values.get("save", "none") == "none":
+            return
+        last = self.train.steps - 1
+        saver = self.obs.get(0)
+        saved = None if saver is None else saver.facts.get("saved")
+        if saved is None:
+            self.add("saved_keys", False, rank=0, detail="global rank 0 recorded no saved state dict")
+            return
+        model = self.subject.build(self.values, torch.float32)  # for its keys and ties only
+        canonical = {id(p): n for n, p in model.named_parameters()}
+        names = {n: canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+        want_keys = list(model.state_dict())
+        self.add("saved_keys", sorted(saved) == sorted(want_keys), rank=0,
+                 detail=f"missing {sorted(set(want_keys) - set(saved))}, unexpected {sorted(set(saved) - set(want_keys))}"
+                 if sorted(saved) != sorted(want_keys) else f"{len(want_keys)} keys, as the unsharded model's")
+        layouts = getattr(self.reference, "layouts", {})
+        for key in want_keys:
+            name = names.get(key)
+            got, dtype = saved.get(key, (None, None))
+            if name is None:
+                continue  # a buffer: the tiny model has none
+            self.exact(f"saved[{key}]", got, self.assembled_weight(name, last, 0), rank=0)
+            ref_dtype = layouts.get(("weight", last, None, None, name), (None,))[0]
+            if got is not None:
+                self.add(f"saved_dtype[{key}]", dtype == ref_dtype, rank=0, detail=f"saved {dtype}, model {ref_dtype}")
+            ref_w = self.reference.get("weight", last, None, None, name).numpy()
+            orc_w = self.oracle.get("weight", last, None, None, name).numpy()
+            self.close(f"saved_weight[{key}]", got, ref_w, orc_w,
+                       sampled=self.sampled_error("weight", last, None, None, name), rank=0)
 
     def check_replicas_agree(self) -> None:
         """Replicated values must be bitwise identical on every rank that holds them."""

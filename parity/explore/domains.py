@@ -46,6 +46,9 @@ HELD_AXES = {
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
     "grad_allreduce": (False, "grad_allreduce on the replicated proj is a documented divergence at every point (tp x "
                               "its gradient: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
+    "save": ("none", "save_16bit_model at ZeRO 0-2 is a documented divergence at every point (rank 0's TP shards: "
+                     "cases/deepspeed_heads.toml); the TP-aware gather is pinned across head kinds, tp 2-4, grains "
+                     "and an empty shard by the case files"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

@@ -158,6 +158,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="partition_config.embedding_partition_dim: left out (DeepSpeed's default, 1), 0 (the vocabulary "
               "rows: the embedding's lookup is then whole on every rank, so proj stays replicated) or 1 (hidden "
               "columns, the default spelled out) (embed_spec_untied only)"),
+    Axis("save", ("none", "16bit", "consolidated"), "none", lambda v: f"save_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects (column_gathered, vocab_parallel, row_parallel and the tied heads): after the "
+              "last step, what a user saves: none; 16bit, engine.save_16bit_model read back with torch.load; "
+              "consolidated, engine._consolidated_16bit_state_dict() (accelerate's path for an AutoTP engine). Global "
+              "rank 0's copy must hold every key of the unsharded model's state_dict, each equal bitwise to the TP "
+              "shards concatenated (and so within the weight bound of the reference's final weights)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -207,6 +207,38 @@ def record_master_weights(obs: RankObservations, step: int, engine, params: dict
             obs.record("master_weight", step, None, name, value)
 
 
+def saved_state_dict(engine, how: str) -> dict | None:
+    """What a user who saves the trained model gets, on global rank 0 (the rank that writes it): every
+    key of the file (or of the consolidated state dict) -> (float64 array, dtype name); None on the other
+    ranks. Every rank takes part, as both calls require.
+
+    16bit: engine.save_16bit_model(dir), the file read back with torch.load, as a user loads it into the
+    unsharded model. consolidated: engine._consolidated_16bit_state_dict(), the TP-aware gather that
+    accelerate's get_state_dict calls for an AutoTP engine (what the HF Trainer saves)."""
+    import os
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    directory = tempfile.mkdtemp(prefix="parity_save_")  # per rank: only rank 0 writes into its own
+    try:
+        if how == "16bit":
+            written = engine.save_16bit_model(directory, "pytorch_model.bin")
+            path = os.path.join(directory, "pytorch_model.bin")
+            state = torch.load(path, map_location="cpu") if written and dist.get_rank() == 0 else None
+        elif how == "consolidated":
+            state = engine._consolidated_16bit_state_dict()
+        else:
+            raise ValueError(f"save = {how!r}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if dist.get_rank() != 0 or state is None:
+        return None
+    return {key: (t.detach().to("cpu", torch.float64).numpy().copy(), str(t.dtype).replace("torch.", ""))
+            for key, t in state.items()}
+
+
 def exclude_engine_reduction(engine) -> None:
     """Keep the engine's own collectives out of the counts: its gradient reduction depends on ZeRO
     and DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
@@ -346,6 +378,9 @@ class EngineHead(Subject):
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
+            if values.get("save", "none") == "16bit":
+                # Without it save_16bit_model writes nothing under ZeRO 3 (it says so in the log and returns False).
+                cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if values["dtype"] == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif values["dtype"] == "fp16":
@@ -481,6 +516,8 @@ class EngineHead(Subject):
                         record_master_weights(obs, step, engine, params, values["zero"])
                 obs.facts["loss_backend"] = backends
                 obs.facts["collectives"] = comm
+                if values.get("save", "none") != "none":
+                    obs.facts["saved"] = saved_state_dict(engine, values["save"])
             finally:
                 engine.destroy()
         return obs
@@ -491,7 +528,7 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None}
+            "dist_debug": None, "save": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -518,7 +555,7 @@ class VocabParallelHead(EngineHead):
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None,
-            "dist_debug": None}
+            "dist_debug": None, "save": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

@@ -61,7 +61,7 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
     # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
     # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES}
+    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None}
 
     def claims(self, values):
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",

@@ -130,7 +130,8 @@ def test_reference_padding_row_gets_no_lookup_gradient(tied):
 
 def test_tied_case_file_covers_the_brief():
     cases = load_file(TIED_FILE)  # the brief's axes, at least: explore's findings add entries beside them
-    assert 60 <= len(cases) <= 130  # the upper end a size guard for CI time
+    # the upper end a size guard for CI time; 140 since the save axis (10 cases of about 2 s)
+    assert 60 <= len(cases) <= 140
     assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding"}
     for name in ("tied_row_parallel", "tied_vocab_parallel"):
         mine = [c.values for c in cases if c.subject == name]
