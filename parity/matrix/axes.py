@@ -154,6 +154,17 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="partition_config.embedding_partition_dim: left out (DeepSpeed's default, 1), 0 (the vocabulary "
               "rows: the embedding's lookup is then whole on every rank, so proj stays replicated) or 1 (hidden "
               "columns, the default spelled out) (embed_spec_untied only)"),
+    Axis("overlap", (False, True), False, _flag("ovl", "noovl"), quiet_default=True,
+         help="tensor_parallel.tp_overlap_comm: column layers (the gathered and the vocabulary-parallel head) run "
+              "AsyncColumnParallel, whose backward all-reduces the input gradient asynchronously and sums the bias "
+              "gradient over dim 0 only (autograd sums the rest) (column_gathered, vocab_parallel)"),
+    Axis("immediate_grad", (False, True), False, _flag("igu", "noigu"), quiet_default=True,
+         help="bf16.immediate_grad_update: BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32) moves each micro-batch's "
+              "bf16 gradient into its float32 buffer in a grad hook instead of after backward (column_gathered, "
+              "vocab_parallel)"),
+    Axis("overflow_check", (True, False), True, _flag("ovfchk", "noovfchk"), quiet_default=True,
+         help="bf16.check_grad_overflow: false lets the ZeRO 1/2 optimizer step without its inf/nan scan of the "
+              "gradients (a skipped step on overflow is DeepSpeed's, not torch's) (column_gathered, vocab_parallel)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -1,0 +1,86 @@
+"""tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): what each case hands DeepSpeed, what it
+must make DeepSpeed decide (the rank_decisions a passing case has matched), and, with real ranks, that the
+process-global overlap switch of one case does not reach the next case of the same pooled rank group.
+"""
+import pytest
+
+from parity.matrix.cases import CASES_DIR, load, load_file
+from parity.subjects import SUBJECTS
+from parity.subjects.deepspeed_autotp import CLEAN_STATE
+
+HEADS = load_file(CASES_DIR / "deepspeed_heads.toml")
+TRAIN = type("Train", (), {"batch": 2, "micro_batches": 2, "clip": 0.0})
+DEFAULT_ID = "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
+OVERLAP_ID = DEFAULT_ID + "-ovl"
+
+
+def _values(subject, **axes):
+    from parity.matrix.axes import AXES
+    from parity.matrix.cases import subject_axes
+
+    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
+    return {**defaults, "dtype": "fp32", "zero": 0, "tp": 2, "vocab": 35, "backend": "torch", **axes}
+
+
+@pytest.mark.parametrize("subject", ["column_gathered", "vocab_parallel"])
+def test_overlap_sets_the_key_only_when_asked_and_must_be_decided_either_way(subject):
+    on, off = _values(subject, overlap=True), _values(subject)
+    assert SUBJECTS[subject].ds_config(on, TRAIN)["tensor_parallel"]["tp_overlap_comm"] is True
+    # Off: the key is left out, as every case before the axis handed DeepSpeed (its default, false).
+    assert "tp_overlap_comm" not in SUBJECTS[subject].ds_config(off, TRAIN)["tensor_parallel"]
+    # Every case of the two heads, default ones included, is held to the switch and to the autograd function
+    # it selects: a true left over from an earlier case would fail the default case's rank_decisions.
+    assert SUBJECTS[subject].decided(on) == {"tp_overlap_comm": True, "column_function": "AsyncColumnParallel"}
+    assert SUBJECTS[subject].decided(off) == {"tp_overlap_comm": False, "column_function": "ColumnParallel"}
+    assert SUBJECTS[subject].claims(on) == SUBJECTS[subject].claims(off)  # and the reference is the same
+
+
+def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
+    subject = SUBJECTS["column_gathered"]
+    bf16 = _values("column_gathered", dtype="bf16", zero=1, grad_accum="fp32")
+    assert subject.ds_config(bf16, TRAIN)["bf16"] == {"enabled": True}
+    igu = {**bf16, "immediate_grad": True}
+    assert subject.ds_config(igu, TRAIN)["bf16"] == {"enabled": True, "immediate_grad_update": True}
+    assert subject.decided(igu) == {"optimizer": "BF16_Optimizer", "immediate_grad_update": True,
+                                    "grad_acc_hooks": True, "tp_overlap_comm": False,
+                                    "column_function": "ColumnParallel"}
+    nochk = {**bf16, "grad_accum": "model", "overflow_check": False}
+    assert subject.ds_config(nochk, TRAIN)["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)
+
+
+def test_each_switch_case_is_where_deepspeed_reads_the_switch():
+    overlap = [c for c in HEADS if c.values.get("overlap")]
+    assert {c.subject for c in overlap} == {"column_gathered", "vocab_parallel"}
+    assert {(c["dtype"], c["zero"], c["tp"], c["bias"]) for c in overlap} == {
+        (d, z, t, b) for d in ("fp32", "bf16") for z in (0, 2) for t in (2, 3) for b in (True, False)}
+    # Parity expected; only ZeRO 0 bf16's documented grad dtype (not overlap's) may differ.
+    for c in overlap:
+        assert c.collectives and not c.expect.is_error
+        assert c.divergence is None or (c["dtype"], c["zero"]) == ("bf16", 0)
+    igu = [c for c in HEADS if c.values.get("immediate_grad")]
+    assert igu and all((c["dtype"], c["zero"], c["grad_accum"]) == ("bf16", 1, "fp32") for c in igu)  # BF16_Optimizer
+    nochk = [c for c in HEADS if c.values.get("overflow_check") is False]
+    assert nochk and all(c["dtype"] == "bf16" and c["zero"] in (1, 2) and c["grad_accum"] == "model" for c in nochk)
+    assert all(c.divergence is None for c in igu + nochk)
+
+
+def test_an_overlap_case_leaves_the_next_case_in_the_same_ranks_at_its_default():
+    """Real ranks (about 30 s): the overlap case, then the default case in the same pooled rank group. The second
+    must start clean (process_state_reset), run ColumnParallel with the attribute false (rank_decisions), and pass."""
+    pytest.importorskip("deepspeed")
+    from parity.checks.verdict import PASSED
+    from parity.harness.runner import Runner
+
+    cases = {c.id: c for c in load() if c.id in (OVERLAP_ID, DEFAULT_ID)}
+    runner = Runner(timeout_s=120)
+    try:
+        first, second = runner.run(cases[OVERLAP_ID]), runner.run(cases[DEFAULT_ID])
+    finally:
+        runner.close()
+    for verdict in (first, second):
+        assert verdict.status == PASSED, verdict.explain()
+        named = {c.name for c in verdict.checks if c.passed}
+        assert {"process_state_reset", "rank_decisions"} <= named
+        assert not [c for c in verdict.checks if c.name in ("process_state_reset", "rank_decisions") and not c.passed]
+    assert CLEAN_STATE["tp_overlap_comm"] is False
