@@ -165,6 +165,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("overflow_check", (True, False), True, _flag("ovfchk", "noovfchk"), quiet_default=True,
          help="bf16.check_grad_overflow: false lets the ZeRO 1/2 optimizer step without its inf/nan scan of the "
               "gradients (a skipped step on overflow is DeepSpeed's, not torch's) (column_gathered, vocab_parallel)"),
+    Axis("bf16_master", (False, True), False, _flag("bf16master", "fp32master"), quiet_default=True,
+         help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
+              "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "
+              "reference is torch.optim.SGD on the bf16 parameters themselves (column_gathered, vocab_parallel)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

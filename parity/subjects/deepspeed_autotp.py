@@ -6,6 +6,7 @@ works without it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import re
 from importlib.util import find_spec
@@ -27,7 +28,7 @@ COMMON_AXES = {
     "device": None, "dp_reduce": None, "grad_accum": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
-SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None}
+SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
@@ -132,7 +133,8 @@ def rank_decisions(engine, head) -> dict:
              # What the bf16 switches became in the optimizer DeepSpeed built (None: that wrapper has no such switch).
              "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
              "grad_acc_hooks": bool(getattr(engine.optimizer, "_grad_acc_hooks", None)),
-             "check_grad_overflow": getattr(engine.optimizer, "check_grad_overflow", None)}
+             "check_grad_overflow": getattr(engine.optimizer, "check_grad_overflow", None),
+             "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None))}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -294,6 +296,9 @@ def BF16_SWITCHES(values: dict) -> dict:
         found["immediate_grad_update"] = True
     if not values.get("overflow_check", True):
         found["check_grad_overflow"] = False
+    if values.get("bf16_master", False):
+        # bf16_optimizer_states requires the masters in bf16; the masters alone need ZeRO-Offload + DeepSpeedCPUAdam.
+        found.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return found
 
 
@@ -313,6 +318,8 @@ def switch_decisions(values: dict) -> dict:
         found["grad_acc_hooks"] = True
     if not values.get("overflow_check", True):
         found["check_grad_overflow"] = False
+    if values.get("bf16_master", False):
+        found["master_dtype"] = "torch.bfloat16"
     return found
 
 
@@ -394,7 +401,13 @@ class EngineHead(Subject):
         return reset_deepspeed_state()
 
     def records_master_weights(self, values: dict) -> bool:
-        return values["dtype"] != "fp32"  # bf16/fp16: DeepSpeed's optimizer keeps a float32 master
+        # bf16/fp16: DeepSpeed's optimizer keeps a float32 master; with bf16 masters asked for, neither it nor the
+        # reference (SGD on the bf16 parameters) keeps one, and the weights are what the update produced.
+        return values["dtype"] != "fp32" and not values.get("bf16_master", False)
+
+    def training_spec(self, values: dict):
+        spec = super().training_spec(values)
+        return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
     def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:

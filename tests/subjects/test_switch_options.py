@@ -49,6 +49,19 @@ def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
     assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)
 
 
+def test_bf16_master_sets_both_keys_and_takes_the_reference_without_a_float32_master():
+    subject = SUBJECTS["vocab_parallel"]
+    on = _values("vocab_parallel", dtype="bf16", zero=1, bf16_master=True)
+    off = _values("vocab_parallel", dtype="bf16", zero=1)
+    # bf16_optimizer_states too: the masters alone are refused without ZeRO-Offload + DeepSpeedCPUAdam.
+    assert subject.ds_config(on, TRAIN)["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True,
+                                                     "bf16_optimizer_states": True}
+    assert subject.decided(on)["master_dtype"] == "torch.bfloat16" and "master_dtype" not in subject.decided(off)
+    assert subject.training_spec(on).master is False and subject.training_spec(off).master is True
+    assert subject.reference_key(on) != subject.reference_key(off)
+    assert not subject.records_master_weights(on) and subject.records_master_weights(off)
+
+
 def test_each_switch_case_is_where_deepspeed_reads_the_switch():
     overlap = [c for c in HEADS if c.values.get("overlap")]
     assert {c.subject for c in overlap} == {"column_gathered", "vocab_parallel"}
@@ -63,6 +76,11 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
     nochk = [c for c in HEADS if c.values.get("overflow_check") is False]
     assert nochk and all(c["dtype"] == "bf16" and c["zero"] in (1, 2) and c["grad_accum"] == "model" for c in nochk)
     assert all(c.divergence is None for c in igu + nochk)
+    master = [c for c in HEADS if c.values.get("bf16_master")]
+    assert {(c.subject, c["zero"]) for c in master} == {(s, z) for s in ("column_gathered", "vocab_parallel")
+                                                         for z in (1, 2)}
+    # Only the dtype safe_get_full_grad hands back may differ: every number is held to plain torch's.
+    assert all(c["dtype"] == "bf16" and tuple(c.divergence.checks) == ("contract[grad]",) for c in master)
 
 
 def test_an_overlap_case_leaves_the_next_case_in_the_same_ranks_at_its_default():
