@@ -324,13 +324,16 @@ def switch_decisions(values: dict) -> dict:
 
 
 def column_function(logits) -> str | None:
-    """Which of AutoTP's column autograd functions the head's forward ran, found in the logits' graph (the head
-    sits a few nodes up; proj and the embedding add none)."""
-    seen, frontier = [], [logits.grad_fn]
-    for _ in range(6):
-        frontier = [f for f in frontier if f is not None]
-        seen += [type(f).__name__ for f in frontier]
-        frontier = [nxt for f in frontier for nxt, _ in f.next_functions]
+    """Which of AutoTP's column autograd functions the head's forward ran, found anywhere in the logits' graph (the
+    whole tiny model's: proj and the embedding add none; ZeRO 3's linear wrapper puts the head deeper)."""
+    seen, frontier, visited = set(), [logits.grad_fn], set()
+    while frontier:
+        node = frontier.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        seen.add(type(node).__name__)
+        frontier += [nxt for nxt, _ in node.next_functions]
     for name in ("AsyncColumnParallelBackward", "ColumnParallelBackward"):
         if name in seen:
             return name[:-len("Backward")]

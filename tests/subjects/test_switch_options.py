@@ -76,11 +76,30 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
     nochk = [c for c in HEADS if c.values.get("overflow_check") is False]
     assert nochk and all(c["dtype"] == "bf16" and c["zero"] in (1, 2) and c["grad_accum"] == "model" for c in nochk)
     assert all(c.divergence is None for c in igu + nochk)
-    master = [c for c in HEADS if c.values.get("bf16_master")]
+    master = [c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "model"]
     assert {(c.subject, c["zero"]) for c in master} == {(s, z) for s in ("column_gathered", "vocab_parallel")
-                                                         for z in (1, 2)}
-    # Only the dtype safe_get_full_grad hands back may differ: every number is held to plain torch's.
-    assert all(c["dtype"] == "bf16" and tuple(c.divergence.checks) == ("contract[grad]",) for c in master)
+                                                         for z in (1, 2, 3)}
+    # Only the dtype ZeRO 1/2's safe_get_full_grad hands back may differ: every number is held to plain torch's.
+    for c in master:
+        assert c["dtype"] == "bf16"
+        assert (c.divergence is None) if c["zero"] == 3 else tuple(c.divergence.checks) == ("contract[grad]",)
+    # With grad_accum fp32, ZeRO 1's BF16_Optimizer drops the switch (documented); ZeRO 2 honours it.
+    dropped = {c["zero"]: c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "fp32"}
+    assert set(dropped) == {1, 2} and tuple(dropped[2].divergence.checks) == ("contract[grad]",)
+    assert {"rank_decisions", "sgd_update"} <= set(dropped[1].divergence.checks)
+
+
+def test_explore_draws_each_bf16_switch_only_where_deepspeed_reads_it():
+    from parity.explore.domains import bf16_switch_off_its_reader as off
+
+    bf16_optimizer = {"dtype": "bf16", "zero": 1, "grad_accum": "fp32"}
+    assert off({**bf16_optimizer, "immediate_grad": True}) is None
+    assert off({"dtype": "bf16", "zero": 2, "immediate_grad": True})
+    assert off({"dtype": "bf16", "zero": 2, "overflow_check": False}) is None
+    assert off({**bf16_optimizer, "overflow_check": False}) and off({"dtype": "fp16", "zero": 1, "overflow_check": False})
+    assert off({"dtype": "bf16", "zero": 3, "bf16_master": True}) is None
+    assert off({"dtype": "bf16", "zero": 0, "bf16_master": True}) and off({**bf16_optimizer, "bf16_master": True})
+    assert off({"dtype": "fp32", "zero": 0, "overlap": True}) is None  # overlap is drawn everywhere
 
 
 def test_an_overlap_case_leaves_the_next_case_in_the_same_ranks_at_its_default():
