@@ -121,3 +121,47 @@ def test_an_overlap_case_leaves_the_next_case_in_the_same_ranks_at_its_default()
         assert {"process_state_reset", "rank_decisions"} <= named
         assert not [c for c in verdict.checks if c.name in ("process_state_reset", "rank_decisions") and not c.passed]
     assert CLEAN_STATE["tp_overlap_comm"] is False
+
+
+def _comparison(subject, values, tp=2):
+    from parity.checks.compare import Comparison
+
+    c = object.__new__(Comparison)  # only what the checks below read
+    c.tp, c.grain, c.split, c.values, c.checks = tp, 1, "near_even", values, []
+    c.subject, c.obs = SUBJECTS[subject], {}
+    return c
+
+
+def test_a_rank_that_ran_the_other_column_function_fails_its_decisions():
+    from parity.observe.observations import RankObservations
+    from parity.observe.partition import mesh_groups
+
+    values = _values("column_gathered", overlap=True)
+    for recorded, fails in ((("AsyncColumnParallel", True), False), (("ColumnParallel", True), True),
+                            (("AsyncColumnParallel", False), True)):
+        c = _comparison("column_gathered", values)
+        for r in range(2):
+            o = RankObservations(r, r, 0)
+            o.facts["rank_decisions"] = {**mesh_groups(r, 2, 2), "engine_dp_world": 1,
+                                         "column_function": recorded[0], "tp_overlap_comm": recorded[1]}
+            c.obs[r] = o
+        c.check_rank_decisions()
+        assert any(not ch.passed for ch in c.checks if ch.name == "rank_decisions") is fails, recorded
+
+
+def test_without_a_master_the_sgd_update_is_exact_in_bf16():
+    import numpy as np
+    import torch
+
+    from references.trajectory import TrainingSpec
+
+    c = _comparison("column_gathered", _values("column_gathered", dtype="bf16", zero=1, bf16_master=True))
+    c.dtype, c.train = "bf16", TrainingSpec(master=False)
+    prev = torch.tensor([1.0, 0.5, -0.25], dtype=torch.bfloat16)
+    grad = torch.tensor([0.001, 0.03, -0.2], dtype=torch.bfloat16)
+    bf16_step = prev.add(grad, alpha=-0.05).double().numpy()
+    # What a float32 master holds after the same step (1.0 - 5e-5 is no bf16 value): the exact identity tells it apart.
+    master_step = (prev.float() - 0.05 * grad.float()).double().numpy()
+    c.check_sgd_identity("w", prev.double().numpy(), grad.double().numpy(), bf16_step, 0.05, 0, 0)
+    c.check_sgd_identity("w", prev.double().numpy(), grad.double().numpy(), master_step, 0.05, 0, 0)
+    assert [ch.passed for ch in c.checks] == [True, False] and not np.array_equal(bf16_step, master_step)
