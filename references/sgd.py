@@ -23,7 +23,10 @@ class SGD:
     @torch.no_grad()
     def step(self, grads: dict[str, torch.Tensor]) -> None:
         for name, p in self.params.items():
-            if self.master is None:
+            if self.master is None and p.dtype in (torch.bfloat16, torch.float16):
+                # torch.optim.SGD on a low-precision parameter: p + (-lr) * g evaluated in float32, rounded once.
+                p.add_(grads[name].to(p.dtype), alpha=-self.lr)
+            elif self.master is None:
                 p.sub_(self.lr * grads[name].to(p.dtype))
             else:
                 master = self.master[name]

@@ -16,7 +16,8 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
   play the user's trainer around the code under test) call them too.
 - With data parallelism each replica sees its own batches; the step gradient is the mean over
   replicas of their accumulated gradients (DDP's all-reduce average).
-- The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16.
+- The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16 (unless the
+  training spec says master=False: then SGD steps the low-precision parameters themselves).
 - With gradient clipping c > 0 the step gradient is scaled by c / (norm + 1e-6) when that is
   below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
   counted once: torch.nn.utils.clip_grad_norm_'s rule. The recorded "grad" is the gradient before
@@ -46,6 +47,9 @@ class TrainingSpec:
     clip: float = 0.0
     # The embedding's padding_idx, placed in every micro-batch's input (references.data.make_batch).
     pad_token: int | None = None
+    # False: a bf16/fp16 model stepped by torch.optim.SGD on its own parameters, no float32 copy (what a user who
+    # asks for low-precision master weights gets from plain torch); the step applies p.grad as autograd left it.
+    master: bool = True
 
     def batches(self, step: int, dp_rank: int, vocab: int, ignore_index: int) -> list[dict]:
         return [make_batch(self.seed, step, m, dp_rank, batch=self.batch, seq=self.seq, vocab=vocab,
@@ -112,7 +116,12 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     model = build_model(model_spec, train.seed, case_dtype).to(dtype)
     low_precision = dtype in (torch.bfloat16, torch.float16)
     params = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
-    optimizer = SGD(params, train.lr, torch.float32 if low_precision else None)
+    masters = low_precision and train.master
+    optimizer = SGD(params, train.lr, torch.float32 if masters else None)
+    # The step gradient as the optimizer receives it: float32 beside a float32 master (or in fp32), the parameter's
+    # own dtype when SGD steps low-precision parameters directly (torch accumulates micro-batches in p.grad).
+    step_dtype = torch.float64 if dtype == torch.float64 else (
+        dtype if low_precision and not train.master else torch.float32)
     traj = Trajectory()
     for name, p in params.items():
         traj.put("weight", -1, None, None, name, p)
@@ -121,8 +130,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     capture_head_input_and_grad(model, captured)
 
     for step in range(train.steps):
-        step_grads = {name: torch.zeros_like(p, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-                      for name, p in params.items()}
+        step_grads = {name: torch.zeros_like(p, dtype=step_dtype) for name, p in params.items()}
         # The step's batches, made once (step_num_items would make them again to count their targets).
         step_batches = [train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
                         for dp_rank in range(train.dp)]

@@ -777,6 +777,14 @@ class Comparison:
             want = torch.from_numpy(prev).float().add(torch.from_numpy(grad).float(), alpha=-lr).double().numpy()
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
+        if not getattr(self.train, "master", True) and self.dtype in ("bf16", "fp16") and not clipped:
+            # No float32 master (TrainingSpec.master False): the weight is what the update itself produced, so it
+            # is torch.optim.SGD's p.add_(g, alpha=-lr) on the low-precision values, bitwise; a float32 master
+            # underneath would carry sub-unit updates the identity then misses.
+            low = {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+            want = torch.from_numpy(prev).to(low).add(torch.from_numpy(grad).to(low), alpha=-lr).double().numpy()
+            self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
+            return
         want = prev - lr * grad
         # An empty shard (a row head's hidden 2 over 3 ranks gives 1,1,0) holds the identity vacuously,
         # as the other checks treat empty arrays (found by parity explore: the reduction raised).

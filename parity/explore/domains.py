@@ -114,9 +114,28 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
         # Without ZeRO, DeepSpeed refuses low-precision weights with float32 gradient accumulation.
         return ("bf16/fp16 weights with float32 gradient accumulation without ZeRO (DeepSpeed refuses the mix: "
                 "ds_reject zero0_bf16_fp32_accum)")
+    why = bf16_switch_off_its_reader(values)
+    if why:
+        return why
     if subject.refuses_uneven_vocab and values["vocab"] % values["tp"]:
         return f"an uneven vocabulary: {subject.refuses_uneven_vocab}"
     return subject.unavailable_reason(values)
+
+
+def bf16_switch_off_its_reader(values: dict) -> str | None:
+    """A bf16 switch drawn where no DeepSpeed optimizer reads it (its case would assert a decision nothing makes), or
+    where it is a documented refusal or divergence (cases/deepspeed_heads.toml)."""
+    bf16, zero = values.get("dtype") == "bf16", values.get("zero", 0)
+    bf16_optimizer = bf16 and zero == 1 and values.get("grad_accum", "model") == "fp32"
+    if values.get("immediate_grad", False) and not bf16_optimizer:
+        return "bf16.immediate_grad_update off BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32), its only reader"
+    if values.get("overflow_check", True) is False and not (bf16 and zero in (1, 2) and not bf16_optimizer):
+        return "bf16.check_grad_overflow off the bf16 ZeRO 1/2 optimizer, its only reader"
+    if values.get("bf16_master", False) and not (bf16 and zero in (1, 2, 3)):
+        return "bf16_master_weights_and_grads without bf16 or without ZeRO (config.py refuses ZeRO 0)"
+    if values.get("bf16_master", False) and bf16_optimizer:
+        return "bf16_master_weights_and_grads under BF16_Optimizer: a documented divergence (the switch is dropped)"
+    return None
 
 
 def explored_case(name: str, values: dict, source: str = EXPLORE_SOURCE) -> Case:

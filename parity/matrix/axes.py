@@ -164,6 +164,21 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "consolidated, engine._consolidated_16bit_state_dict() (accelerate's path for an AutoTP engine). Global "
               "rank 0's copy must hold every key of the unsharded model's state_dict, each equal bitwise to the TP "
               "shards concatenated (and so within the weight bound of the reference's final weights)"),
+    Axis("overlap", (False, True), False, _flag("ovl", "noovl"), quiet_default=True,
+         help="tensor_parallel.tp_overlap_comm: column layers (the gathered and the vocabulary-parallel head) run "
+              "AsyncColumnParallel, whose backward all-reduces the input gradient asynchronously and sums the bias "
+              "gradient over dim 0 only (autograd sums the rest) (column_gathered, vocab_parallel)"),
+    Axis("immediate_grad", (False, True), False, _flag("igu", "noigu"), quiet_default=True,
+         help="bf16.immediate_grad_update: BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32) moves each micro-batch's "
+              "bf16 gradient into its float32 buffer in a grad hook instead of after backward (column_gathered, "
+              "vocab_parallel)"),
+    Axis("overflow_check", (True, False), True, _flag("ovfchk", "noovfchk"), quiet_default=True,
+         help="bf16.check_grad_overflow: false lets the ZeRO 1/2 optimizer step without its inf/nan scan of the "
+              "gradients (a skipped step on overflow is DeepSpeed's, not torch's) (column_gathered, vocab_parallel)"),
+    Axis("bf16_master", (False, True), False, _flag("bf16master", "fp32master"), quiet_default=True,
+         help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
+              "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "
+              "reference is torch.optim.SGD on the bf16 parameters themselves (column_gathered, vocab_parallel)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -6,6 +6,7 @@ works without it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import re
@@ -27,6 +28,8 @@ COMMON_AXES = {
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
     "device": None, "dp_reduce": None, "grad_accum": None,
 }
+# tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
+SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
@@ -162,7 +165,14 @@ def rank_decisions(engine, head) -> dict:
              "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
              "engine_dp_world": int(engine.dp_world_size),
              # Which of DeepSpeed's optimizer wrappers the config selected (BF16_Optimizer, ZeRO's, ...).
-             "optimizer": type(engine.optimizer).__name__}
+             "optimizer": type(engine.optimizer).__name__,
+             # The process-global switch as the head's forward will read it (None: not an AutoTP layer).
+             "tp_overlap_comm": getattr(type(head), "tp_overlap_comm", None),
+             # What the bf16 switches became in the optimizer DeepSpeed built (None: that wrapper has no such switch).
+             "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
+             "grad_acc_hooks": bool(getattr(engine.optimizer, "_grad_acc_hooks", None)),
+             "check_grad_overflow": getattr(engine.optimizer, "check_grad_overflow", None),
+             "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None))}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -348,6 +358,58 @@ def use_default_specs(values: dict) -> dict:
             "true": {"use_default_specs": True}}[values.get("use_default_specs", "false")]
 
 
+def BF16_SWITCHES(values: dict) -> dict:
+    """The bf16 section's switches the case's axes set away from DeepSpeed's defaults (nothing at the defaults,
+    so every other bf16 case hands DeepSpeed the config it always did)."""
+    found = {}
+    if values.get("immediate_grad", False):
+        found["immediate_grad_update"] = True
+    if not values.get("overflow_check", True):
+        found["check_grad_overflow"] = False
+    if values.get("bf16_master", False):
+        # bf16_optimizer_states requires the masters in bf16; the masters alone need ZeRO-Offload + DeepSpeedCPUAdam.
+        found.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    return found
+
+
+def switch_decisions(values: dict) -> dict:
+    """What the overlap and bf16 switch axes must make DeepSpeed decide on every rank, read back from DeepSpeed
+    (rank_decisions): a switch that is parsed but never reaches the layer or the optimizer would otherwise pass
+    as parity having changed nothing. Only where the subject has the axis, so other engine cases check no more."""
+    found = {}
+    if "overlap" in values:
+        overlap = values["overlap"]
+        # The class attribute the head's forward reads, and the autograd function that then ran: the async one
+        # replaces ColumnParallel's identity-forward / all-reduce-backward pair.
+        found["tp_overlap_comm"] = overlap
+        found["column_function"] = "AsyncColumnParallel" if overlap else "ColumnParallel"
+    if values.get("immediate_grad", False):
+        found["immediate_grad_update"] = True
+        found["grad_acc_hooks"] = True
+    if not values.get("overflow_check", True):
+        found["check_grad_overflow"] = False
+    if values.get("bf16_master", False):
+        found["master_dtype"] = "torch.bfloat16"
+    return found
+
+
+def column_function(logits) -> str | None:
+    """Which of AutoTP's column autograd functions the head's forward ran, found anywhere in the logits' graph (the
+    whole tiny model's: proj and the embedding add none; ZeRO 3's linear wrapper puts the head deeper)."""
+    seen, frontier, visited = set(), [logits.grad_fn], set()
+    while frontier:
+        node = frontier.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        seen.add(type(node).__name__)
+        frontier += [nxt for nxt, _ in node.next_functions]
+    for name in ("AsyncColumnParallelBackward", "ColumnParallelBackward"):
+        if name in seen:
+            return name[:-len("Backward")]
+    return None
+
+
 class EngineHead(Subject):
     """Shared engine loop; subclasses say how the head is selected and what it must become."""
     framework = "deepspeed"
@@ -370,6 +432,7 @@ class EngineHead(Subject):
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
             "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.get("grain", 1)},
+                                **({"tp_overlap_comm": True} if values.get("overlap", False) else {}),
                                 **self.tensor_parallel_config(values)},
         }
         cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
@@ -382,7 +445,7 @@ class EngineHead(Subject):
                 # Without it save_16bit_model writes nothing under ZeRO 3 (it says so in the log and returns False).
                 cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if values["dtype"] == "bf16":
-            cfg["bf16"] = {"enabled": True}
+            cfg["bf16"] = {"enabled": True, **BF16_SWITCHES(values)}
         elif values["dtype"] == "fp16":
             # A static scale of 1: dynamic scaling would skip steps on overflow, which the
             # reference does not model. The tiny model's gradients are far from fp16's range limits.
@@ -396,8 +459,8 @@ class EngineHead(Subject):
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
-            return {"optimizer": "BF16_Optimizer"}
-        return {}
+            return {"optimizer": "BF16_Optimizer", **switch_decisions(values)}
+        return switch_decisions(values)
 
     def requires(self, values):
         # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
@@ -414,7 +477,13 @@ class EngineHead(Subject):
         return reset_deepspeed_state()
 
     def records_master_weights(self, values: dict) -> bool:
-        return values["dtype"] != "fp32"  # bf16/fp16: DeepSpeed's optimizer keeps a float32 master
+        # bf16/fp16: DeepSpeed's optimizer keeps a float32 master; with bf16 masters asked for, neither it nor the
+        # reference (SGD on the bf16 parameters) keeps one, and the weights are what the update produced.
+        return values["dtype"] != "fp32" and not values.get("bf16_master", False)
+
+    def training_spec(self, values: dict):
+        spec = super().training_spec(values)
+        return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
     def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:
@@ -489,6 +558,8 @@ class EngineHead(Subject):
                         # (parity/observe/collectives.py); the engine's gradient reduction is not counted.
                         with collectives.recording() as counts:
                             loss, logits = self.forward(engine, batch, num_items, spec)
+                            if step == 0 and micro == 0:
+                                obs.facts["rank_decisions"]["column_function"] = column_function(logits)
                             backends[(step, micro)] = backend_log[before:]
                             obs.record("logits", step, micro, None, logits)
                             obs.record("loss", step, micro, None, loss)
@@ -528,7 +599,7 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None, "save": None}
+            "dist_debug": None, "save": None, **SWITCH_AXES}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -555,7 +626,7 @@ class VocabParallelHead(EngineHead):
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None,
-            "dist_debug": None, "save": None}
+            "dist_debug": None, "save": None, **SWITCH_AXES}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

@@ -140,3 +140,28 @@ def test_a_padding_token_is_looked_up_in_every_micro_batch_and_leaves_other_data
     spec = Subject.training_spec(None, {"vocab": 34, "padding": "last"})
     assert spec.pad_token == 33 and all((b["input_ids"] == 33).any() for b in spec.batches(0, 0, 34, -100))
     assert Subject.training_spec(None, {"vocab": 34}).pad_token is None
+
+
+def test_without_master_a_bf16_model_is_stepped_as_torch_optim_sgd_steps_it():
+    """TrainingSpec.master False (a user asking for bf16 master weights): no float32 copy, the step gradient is
+    p.grad in bf16, and each update is torch.optim.SGD's own on the bf16 parameter, which a float32 master
+    (the default) would not give: it carries sub-unit updates across steps."""
+    spec = ModelSpec(35, 32)
+    plain = train_reference(spec, TrainingSpec(steps=3, master=False), torch.bfloat16)
+    mixed = train_reference(spec, TrainingSpec(steps=3), torch.bfloat16)
+    assert not [k for k in plain.records if k[0] == "master_weight"]
+    assert [k for k in mixed.records if k[0] == "master_weight"]
+    model = build_model(spec, TrainingSpec.seed, torch.bfloat16)
+    differs = False
+    for step in range(3):
+        for name, p in model.named_parameters():
+            grad = plain.get("grad", step, None, None, name)
+            assert plain.layouts[("grad", step, None, None, name)][0] == "bfloat16"
+            prev = plain.get("weight", step - 1, None, None, name).to(torch.bfloat16)
+            param = torch.nn.Parameter(prev.clone())
+            param.grad = grad.to(torch.bfloat16)
+            torch.optim.SGD([param], lr=TrainingSpec.lr).step()
+            assert torch.equal(param.detach().double(), plain.get("weight", step, None, None, name))
+            differs |= not torch.equal(plain.get("weight", step, None, None, name),
+                                       mixed.get("weight", step, None, None, name))
+    assert differs
