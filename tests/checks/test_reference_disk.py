@@ -154,7 +154,8 @@ def test_pytest_workers_share_the_directory(tmp_path):
     same option pointed at a file is pytest's usage error."""
     refs, ids = tmp_path / "refs", [FP32, FP32.replace("zero0", "zero2")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-n", "2",
-                           "--parity-reference-cache", str(refs), "-k", " or ".join(ids), "cases/deepspeed_heads.toml"],
+                           # node ids, not -k: an id is a prefix of its quiet-axis variants (...-tp2-cpu-ovl)
+                           "--parity-reference-cache", str(refs), *(f"cases/deepspeed_heads.toml::{i}" for i in ids)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [p.suffix for p in refs.iterdir()] == [".pt"]  # one key; whichever worker renamed last, no .tmp left
