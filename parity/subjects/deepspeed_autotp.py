@@ -72,9 +72,16 @@ def reset_deepspeed_state() -> dict:
     from deepspeed.module_inject import layers
     from deepspeed.utils import groups
 
+    from deepspeed.runtime import torch_autocast
+
     layers.set_autotp_mode(training=False)
     layers.TensorParallel_Layer.tp_overlap_comm = False
     layers.TensorParallel_Layer.keep_module_on_host = False
+    # A torch_autocast engine sets these and nothing unsets them (engine.destroy() included); every later
+    # ZeRO optimizer in the process then picks its reduction dtype from them instead of its config
+    # (ci/repro/deepspeed_torch_autocast_state_leaks.py). Cleared so one case cannot change the next.
+    torch_autocast.TORCH_AUTOCAST_INITIALIZED = False
+    torch_autocast.TORCH_AUTOCAST_DTYPE = None
     for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
         setattr(groups, n, None)
     return deepspeed_process_state()
@@ -83,6 +90,7 @@ def reset_deepspeed_state() -> dict:
 def deepspeed_process_state() -> dict:
     """AutoTP's process-global switches as they are now (read only)."""
     from deepspeed.module_inject import layers
+    from deepspeed.runtime import torch_autocast
     from deepspeed.utils import groups
 
     return {
@@ -90,11 +98,13 @@ def deepspeed_process_state() -> dict:
         "tp_overlap_comm": layers.TensorParallel_Layer.tp_overlap_comm,
         "keep_module_on_host": layers.TensorParallel_Layer.keep_module_on_host,
         "tp_group_installed": groups._TENSOR_MODEL_PARALLEL_GROUP is not None,
+        "torch_autocast_initialized": torch_autocast.TORCH_AUTOCAST_INITIALIZED,
+        "torch_autocast_dtype": str(torch_autocast.TORCH_AUTOCAST_DTYPE),
     }
 
 
 CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_module_on_host": False,
-               "tp_group_installed": False}
+               "tp_group_installed": False, "torch_autocast_initialized": False, "torch_autocast_dtype": "None"}
 
 
 def _attribute(root, path: str):
