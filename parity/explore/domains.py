@@ -46,6 +46,8 @@ HELD_AXES = {
                          "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
     "grad_allreduce": (False, "grad_allreduce on the replicated proj is a documented divergence at every point (tp x "
                               "its gradient: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
+    "autocast": ("off", "torch_autocast is a fixed scenario on fp32 models (cases/deepspeed_heads.toml): with a bias "
+                        "its TP heads return fp32 logits at every point, a documented divergence"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

@@ -132,6 +132,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
+    Axis("autocast", ("off", "bf16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16) on an fp32 "
+              "model; the reference is the user's plain AMP loop, the forward under torch.autocast "
+              "(references/trajectory.py)"),
     Axis("reverse", (False, True), False, _flag("kl_rev", "kl_fwd"),
          help="ds_vocab_kl: vocab_parallel_kl_div's reverse argument: False, KL(teacher || student); True, "
               "KL(student || teacher)"),

@@ -24,8 +24,10 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None, "dp_reduce": None, "grad_accum": None,
+    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
+# The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
+AUTOCAST_CONFIG = {"bf16": "bfloat16"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
@@ -128,7 +130,9 @@ def rank_decisions(engine, head) -> dict:
              "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
              "engine_dp_world": int(engine.dp_world_size),
              # Which of DeepSpeed's optimizer wrappers the config selected (BF16_Optimizer, ZeRO's, ...).
-             "optimizer": type(engine.optimizer).__name__}
+             "optimizer": type(engine.optimizer).__name__,
+             # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
+             "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -309,6 +313,8 @@ class EngineHead(Subject):
         cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
         if values.get("grad_accum", "model") == "fp32":
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+        if values.get("autocast", "off") != "off":
+            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]]}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
@@ -324,11 +330,13 @@ class EngineHead(Subject):
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
+        autocast = values.get("autocast", "off")
+        found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast])}
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
-            return {"optimizer": "BF16_Optimizer"}
-        return {}
+            found["optimizer"] = "BF16_Optimizer"
+        return found
 
     def requires(self, values):
         # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
