@@ -114,11 +114,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("global_vocab", ("unset", "exact", "under", "over"), "unset", lambda v: f"gvs_{v}", quiet_default=True,
          help="the global_vocab_size passed to DeepSpeed's vocab_parallel_cross_entropy (which trusts it and skips "
               "its shard-layout validation): not passed, the vocabulary, one less, one more (ds_vocab_ce, ds_liger_ce)"),
-    Axis("process", ("fresh", "after_zero3"), "fresh", lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3"}[v],
+    Axis("process", ("fresh", "after_zero3", "after_autocast"), "fresh",
+         lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3", "after_autocast": "after_autocast"}[v],
          quiet_default=True,
          help="the rank process a case's model is built in: fresh (the harness puts back what earlier cases left "
-              "replaced), or one where a ZeRO 3 engine ran and was destroyed first, as in a user's process that "
-              "trains a second model after a ZeRO 3 run (the user's path the harness's reset would hide)"),
+              "replaced), or one where a ZeRO 3 engine (after_zero3) or a torch_autocast bf16 engine (after_autocast) "
+              "ran and was destroyed first, as in a user's process that trains a second model after such a run (the "
+              "user's path the harness's reset would hide)"),
     Axis("seed", None, 0, lambda v: f"seed{v}", minimum=0, quiet_default=True,
          help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
               "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "

@@ -132,7 +132,11 @@ def rank_decisions(engine, head) -> dict:
              # Which of DeepSpeed's optimizer wrappers the config selected (BF16_Optimizer, ZeRO's, ...).
              "optimizer": type(engine.optimizer).__name__,
              # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
-             "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None}
+             "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None,
+             # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
+             # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
+             "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
+                                    if hasattr(engine.optimizer, "ipg_buckets") else None)}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -336,6 +340,12 @@ class EngineHead(Subject):
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
             found["optimizer"] = "BF16_Optimizer"
+        elif values.get("zero", 0) in (1, 2) and autocast != "off":
+            # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
+            # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
+            found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
+        elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") == "comm_fp32":
+            found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for
         return found
 
     def requires(self, values):
@@ -386,6 +396,21 @@ class EngineHead(Subject):
                                           config=self.ds_config(first, train))
         engine.destroy()
 
+    def run_autocast_engine_first(self, values: dict, ctx: RankContext) -> None:
+        """process = after_autocast: the same model in fp32 under a torch_autocast (bf16) engine, built and
+        destroyed in this rank process before the case's own model, as a user's earlier run in the same
+        process. What its init_autocast_params leaves in module globals stays for the case (the harness's
+        reset runs before the case, not between the two engines)."""
+        import deepspeed
+
+        first = {**values, "dtype": "fp32", "autocast": "bf16", "dp_reduce": "average"}
+        train = self.training_spec(first)
+        model = self.build(first, DTYPES["fp32"]).to(ctx.device)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
+                                          config=self.ds_config(first, train))
+        engine.destroy()
+
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         import deepspeed
         from deepspeed.utils import safe_get_full_grad
@@ -397,6 +422,8 @@ class EngineHead(Subject):
         spec, train = self.model_spec(values), self.training_spec(values)
         if values.get("process", "fresh") == "after_zero3":
             self.run_zero3_engine_first(values, ctx)
+        elif values.get("process", "fresh") == "after_autocast":
+            self.run_autocast_engine_first(values, ctx)
         model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["functional_linear"] = functional_linear()

@@ -53,3 +53,23 @@ def test_stage_references_compute_in_the_autocast_dtype():
     subject = SUBJECTS["vocab_parallel"]
     assert Comparison(subject, values, {}, None, None).stage_dtype == "fp32"
     assert Comparison(subject, {**values, "autocast": "bf16"}, {}, None, None).stage_dtype == "bf16"
+
+
+def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks():
+    from parity.subjects import SUBJECTS
+
+    subject = SUBJECTS["column_gathered"]
+    base = {"dtype": "bf16", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True, "head": "lm_head",
+            "ignore": "scattered", "gas": 2, "tp": 2, "dp": 1, "device": "cpu"}
+    # communication_data_type fp32 under ZeRO 1/2: one fp32 bucket, fresh process or not (the after_autocast
+    # cases fail here: the leftover globals give bf16).
+    for zero in (1, 2):
+        for process in ("fresh", "after_autocast"):
+            values = {**base, "zero": zero, "dp_reduce": "comm_fp32", "process": process}
+            assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float32"]
+        # torch_autocast's marks: proj's bucket in bf16, the rest in fp32.
+        on = {**base, "dtype": "fp32", "zero": zero, "autocast": "bf16"}
+        assert subject.decided(on)["zero_reduce_dtypes"] == ["torch.bfloat16", "torch.float32"]
+    # No bucket to speak of without ZeRO, and no claim on the defaults.
+    assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 0, "dp_reduce": "comm_fp32"})
+    assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 2})
