@@ -18,6 +18,11 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
   replicas of their accumulated gradients (DDP's all-reduce average).
 - The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16 (unless the
   training spec says master=False: then SGD steps the low-precision parameters themselves).
+- With ``autocast`` (a low-precision dtype) each micro-batch's forward runs under
+  ``torch.autocast("cpu", dtype=autocast)`` on the case-dtype (float32) model, backward outside it, as
+  a user's AMP loop: nn.Linear in the low dtype (its weight gradient too), cross_entropy upcast to
+  float32, float32 gradients averaged across replicas and applied by SGD to float32 weights. The
+  float64 oracle takes no autocast: it is the exact computation both are held to.
 - With gradient clipping c > 0 the step gradient is scaled by c / (norm + 1e-6) when that is
   below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
   counted once: torch.nn.utils.clip_grad_norm_'s rule. The recorded "grad" is the gradient before
@@ -25,6 +30,7 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -108,11 +114,21 @@ def trainer_objective(loss: torch.Tensor, train: "TrainingSpec", reduction: str)
     return scalar / train.micro_batches
 
 
+# Records whose every value passed through an autocast op, so their rounding floor is the autocast
+# dtype's, not the case dtype's (Trajectory.floor_dtypes). Weights (and grad_norm, from float32 sums of
+# the gradients) stay float32 values: what autocast did to them is in the reference's own error, which
+# their bound carries; an autocast-dtype floor of 16 u max|w| would hide a wrong update.
+AUTOCAST_FLOOR_KINDS = ("logits", "loss", "head_input", "head_input_grad", "grad")
+
+
 def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torch.dtype,
-                    compute_dtype: torch.dtype | None = None) -> Trajectory:
+                    compute_dtype: torch.dtype | None = None, autocast: torch.dtype | None = None) -> Trajectory:
     """Run the reference from the case's initial weights (drawn at ``case_dtype``) in ``compute_dtype``
-    (default: the case dtype). float64 gives the oracle: same start, no rounding after it."""
+    (default: the case dtype). float64 gives the oracle: same start, no rounding after it, no autocast.
+    ``autocast``: the forward under torch.autocast at that dtype (module docstring)."""
     dtype = compute_dtype or case_dtype
+    if dtype == torch.float64:
+        autocast = None
     model = build_model(model_spec, train.seed, case_dtype).to(dtype)
     low_precision = dtype in (torch.bfloat16, torch.float16)
     params = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
@@ -123,6 +139,8 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     step_dtype = torch.float64 if dtype == torch.float64 else (
         dtype if low_precision and not train.master else torch.float32)
     traj = Trajectory()
+    if autocast is not None:
+        traj.floor_dtypes.update(dict.fromkeys(AUTOCAST_FLOOR_KINDS, autocast))
     for name, p in params.items():
         traj.put("weight", -1, None, None, name, p)
 
@@ -138,7 +156,8 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         for dp_rank, batches in enumerate(step_batches):
             model.zero_grad(set_to_none=True)
             for micro, batch in enumerate(batches):
-                loss, logits = model(**batch, num_items_in_batch=num_items)
+                with (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()):
+                    loss, logits = model(**batch, num_items_in_batch=num_items)
                 trainer_objective(loss, train, model_spec.reduction).backward()
                 traj.put("logits", step, micro, dp_rank, None, logits)
                 traj.put("loss", step, micro, dp_rank, None, loss)

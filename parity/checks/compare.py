@@ -76,6 +76,10 @@ class Comparison:
         self.claims = subject.claims(values)
         self.train = subject.training_spec(values)
         self.dtype = values["dtype"]
+        # The dtype the reference's stages compute in: under autocast (references/trajectory.py) the head's
+        # Linear, forward and backward, runs in the autocast dtype on the fp32 model, so a stage reference
+        # at the case dtype would hold the subject to fp32 arithmetic plain torch does not do.
+        self.stage_dtype = values["dtype"] if values.get("autocast", "off") == "off" else values["autocast"]
         self.tp = values.get("tp", 1)
         self.grain = values.get("grain", 1)
         self.split = self.claims.split
@@ -170,7 +174,8 @@ class Comparison:
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
         stage_local = name.endswith("[stage]") or self.claims.stage_local
         shared_rms = 0.0 if shared is None or not shared.size else float(np.sqrt(np.mean(np.square(shared))))
-        judged = judge_close(got, ref, oracle, floor_dtype or self.dtype, sampled, inherits=not stage_local,
+        default_floor = self.stage_dtype if name.endswith("[stage]") else self.dtype
+        judged = judge_close(got, ref, oracle, floor_dtype or default_floor, sampled, inherits=not stage_local,
                              shared_rms=shared_rms, rounded_at=rounded_at)
         finite = bool(np.isfinite(got).all())
         detail = judged.describe() if finite else "non-finite values"
@@ -409,7 +414,7 @@ class Comparison:
         if any(w is None or w.shape != (logits[0].shape[-1], hidden) for w in weights):
             weights = None
         args = (logits, labels, weights, num_items, spec, self.train)
-        ref_loss, ref_hgrad, ref_dz = stages.losses_and_head_input_grads(*args, DTYPES[self.dtype])
+        ref_loss, ref_hgrad, ref_dz = stages.losses_and_head_input_grads(*args, DTYPES[self.stage_dtype])
         orc_loss, orc_hgrad, orc_dz = stages.losses_and_head_input_grads(*args, torch.float64)
         if weights is not None:
             self.check_logits_stage(where, weights, weight_name)
@@ -418,7 +423,7 @@ class Comparison:
             def noisy_dz(seed):  # one rounding sample of the CE stage, taken on a miss, once per case
                 if seed not in sampled_dz:
                     sampled_dz[seed] = stages.sampled_logits_grads(logits, labels, num_items, spec, self.train,
-                                                                   DTYPES[self.dtype], seed)
+                                                                   DTYPES[self.stage_dtype], seed)
                 return sampled_dz[seed]
             # A tied weight's gradient also holds the embedding lookup's, which is not this stage's, but
             # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
@@ -500,7 +505,7 @@ class Comparison:
                     self.add("logits[stage]", False, step=step, micro=micro, rank=rank,
                              detail="head input not observed" if x is None else f"head input of shape {x.shape}")
                     continue
-                ref = stages.logits_from_head_input(x, weights[i], bias, DTYPES[self.dtype]).reshape(shape)
+                ref = stages.logits_from_head_input(x, weights[i], bias, DTYPES[self.stage_dtype]).reshape(shape)
                 orc = stages.logits_from_head_input(x, weights[i], bias, torch.float64).reshape(shape)
                 # x @ w.T rounded before the bias is added is plain PyTorch too (tolerances "A biased
                 # head's product"): the product is a value such an evaluation rounds.
@@ -546,7 +551,8 @@ class Comparison:
             if key not in noisy_samples:
                 dzs = noisy_dz(seed)
                 noisy_samples[key] = stages.sampled_head_param_grads([dzs[i] for _, i in items], xs,
-                                                                     DTYPES[self.dtype], bias_name is not None, seed)
+                                                                     DTYPES[self.stage_dtype], bias_name is not None,
+                                                                     seed)
             return noisy_samples[key]
 
         by_step: dict = {}
@@ -560,7 +566,7 @@ class Comparison:
                 xs = [o.get("head_input", step, m, None) for m, _ in items]
                 if any(x is None for x in xs):
                     continue  # logits[stage] failed it as not observed
-                ref_w, ref_b = stages.head_param_grads([ref_dz[i] for _, i in items], xs, DTYPES[self.dtype],
+                ref_w, ref_b = stages.head_param_grads([ref_dz[i] for _, i in items], xs, DTYPES[self.stage_dtype],
                                                        bias_name is not None)
                 orc_w, orc_b = stages.head_param_grads([orc_dz[i] for _, i in items], xs, torch.float64,
                                                        bias_name is not None)
@@ -627,7 +633,7 @@ class Comparison:
 
                 def view(a, name=name, rank=rank):
                     return self._param_view(name, a, rank, self.reference)
-                self.close(f"grad[{name}]", got_g, ref_g, orc_g,
+                self.close(f"grad[{name}]", got_g, ref_g, orc_g, self.floor_dtype("grad"),
                            sampled=self.sampled_error("grad", step, None, None, name, view), step=step, rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
@@ -640,7 +646,7 @@ class Comparison:
                     # row proj in bf16, vocabulary 2, hidden 2, whose oracle gradient is 1e-5 of terms
                     # 1e-3; the bf16 reference's is 50% off it). Zero must then pass that bound itself.
                     unresolved = (oracle_moves and not moves and got_g.shape == orc_g.shape
-                                  and judge_close(np.zeros_like(orc_g), ref_g, orc_g, self.dtype).passed)
+                                  and judge_close(np.zeros_like(orc_g), ref_g, orc_g, self.floor_dtype("grad")).passed)
                     self.add(f"grad_nonzero[{name}]", moves == oracle_moves or unresolved, step=step, rank=rank,
                              detail=("gradient all zeros, within its bound of the oracle's" if unresolved else
                                      f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "

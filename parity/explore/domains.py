@@ -43,12 +43,15 @@ HELD_AXES = {
     "global_vocab": ("unset", "a wrong global_vocab_size is a user error DeepSpeed trusts: its refusal and its "
                               "divergences are fixed scenarios (cases/deepspeed_ce.toml)"),
     "process": ("fresh", "after_zero3 is a documented divergence at every point (DeepSpeed leaves its ZeRO 3 linear "
-                         "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
+                         "installed: cases/deepspeed_heads.toml), so drawing it would only rediscover it; "
+                         "after_autocast likewise wherever ZeRO 1/2 reduce (cases/deepspeed_autocast.toml)"),
     "grad_allreduce": (False, "grad_allreduce on the replicated proj is a documented divergence at every point (tp x "
                               "its gradient: cases/deepspeed_heads.toml), so drawing it would only rediscover it"),
     "save": ("none", "save_16bit_model at ZeRO 0-2 is a documented divergence at every point (rank 0's TP shards: "
                      "cases/deepspeed_heads.toml); the TP-aware gather is pinned across head kinds, tp 2-4, grains "
                      "and an empty shard by the case files"),
+    "autocast": ("off", "torch_autocast is a fixed scenario on fp32 models (cases/deepspeed_heads.toml): with a bias "
+                        "its TP heads return fp32 logits at every point, a documented divergence"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

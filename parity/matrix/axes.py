@@ -115,11 +115,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("global_vocab", ("unset", "exact", "under", "over"), "unset", lambda v: f"gvs_{v}", quiet_default=True,
          help="the global_vocab_size passed to DeepSpeed's vocab_parallel_cross_entropy (which trusts it and skips "
               "its shard-layout validation): not passed, the vocabulary, one less, one more (ds_vocab_ce, ds_liger_ce)"),
-    Axis("process", ("fresh", "after_zero3"), "fresh", lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3"}[v],
+    Axis("process", ("fresh", "after_zero3", "after_autocast"), "fresh",
+         lambda v: {"fresh": "proc_fresh", "after_zero3": "after_zero3", "after_autocast": "after_autocast"}[v],
          quiet_default=True,
          help="the rank process a case's model is built in: fresh (the harness puts back what earlier cases left "
-              "replaced), or one where a ZeRO 3 engine ran and was destroyed first, as in a user's process that "
-              "trains a second model after a ZeRO 3 run (the user's path the harness's reset would hide)"),
+              "replaced), or one where a ZeRO 3 engine (after_zero3) or a torch_autocast bf16 engine (after_autocast) "
+              "ran and was destroyed first, as in a user's process that trains a second model after such a run (the "
+              "user's path the harness's reset would hide)"),
     Axis("seed", None, 0, lambda v: f"seed{v}", minimum=0, quiet_default=True,
          help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
               "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "
@@ -133,6 +135,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
+    Axis("autocast", ("off", "bf16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16) on an fp32 "
+              "model; the reference is the user's plain AMP loop, the forward under torch.autocast "
+              "(references/trajectory.py)"),
     Axis("reverse", (False, True), False, _flag("kl_rev", "kl_fwd"),
          help="ds_vocab_kl: vocab_parallel_kl_div's reverse argument: False, KL(teacher || student); True, "
               "KL(student || teacher)"),

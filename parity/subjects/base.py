@@ -122,8 +122,9 @@ class Subject(ABC):
         from parity.observe.dtypes import DTYPES
         from references.trajectory import train_reference
 
+        autocast = values.get("autocast", "off")
         return train_reference(self.model_spec(values), self.training_spec(values), DTYPES[values["dtype"]],
-                               compute_dtype)
+                               compute_dtype, autocast=None if autocast == "off" else DTYPES[autocast])
 
     def reference_key(self, values: dict):
         """What reference(values) depends on, hashable: cases with equal keys share one computed
@@ -132,7 +133,10 @@ class Subject(ABC):
         reference can never be handed another case's numbers by accident."""
         if type(self).reference is not Subject.reference:
             return None
-        return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
+        autocast = values.get("autocast", "off")
+        # Only a case with autocast on carries it: every other key (and the disk cache's entries) stays as it was.
+        return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"],
+                *(() if autocast == "off" else (("autocast", autocast),)))
 
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values.get("gas", 2),

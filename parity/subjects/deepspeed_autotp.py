@@ -26,10 +26,12 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None, "dp_reduce": None, "grad_accum": None,
+    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
 SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None}
+# The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
+AUTOCAST_CONFIG = {"bf16": "bfloat16"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
@@ -114,12 +116,19 @@ def reset_deepspeed_state() -> dict:
     from deepspeed.runtime.tensor_parallel import init_utils
     from deepspeed.utils import groups
 
+    from deepspeed.runtime import torch_autocast
+
     layers.set_autotp_mode(training=False)
     # tp_model_init's record is module-global and DeepSpeed never clears it: a later initialize would
     # merge a stale tp_size / tp_group into its config.
     init_utils._TP_MODEL_INIT_ARGS = None
     layers.TensorParallel_Layer.tp_overlap_comm = False
     layers.TensorParallel_Layer.keep_module_on_host = False
+    # A torch_autocast engine sets these and nothing unsets them (engine.destroy() included); every later
+    # ZeRO optimizer in the process then picks its reduction dtype from them instead of its config
+    # (ci/repro/deepspeed_torch_autocast_state_leaks.py). Cleared so one case cannot change the next.
+    torch_autocast.TORCH_AUTOCAST_INITIALIZED = False
+    torch_autocast.TORCH_AUTOCAST_DTYPE = None
     for n in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
         setattr(groups, n, None)
     return deepspeed_process_state()
@@ -129,6 +138,7 @@ def deepspeed_process_state() -> dict:
     """AutoTP's process-global switches as they are now (read only)."""
     from deepspeed.module_inject import layers
     from deepspeed.runtime.tensor_parallel import init_utils
+    from deepspeed.runtime import torch_autocast
     from deepspeed.utils import groups
 
     return {
@@ -137,11 +147,14 @@ def deepspeed_process_state() -> dict:
         "keep_module_on_host": layers.TensorParallel_Layer.keep_module_on_host,
         "tp_group_installed": groups._TENSOR_MODEL_PARALLEL_GROUP is not None,
         "tp_model_init_recorded": init_utils._TP_MODEL_INIT_ARGS is not None,
+        "torch_autocast_initialized": torch_autocast.TORCH_AUTOCAST_INITIALIZED,
+        "torch_autocast_dtype": str(torch_autocast.TORCH_AUTOCAST_DTYPE),
     }
 
 
 CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_module_on_host": False,
-               "tp_group_installed": False, "tp_model_init_recorded": False}
+               "tp_group_installed": False, "tp_model_init_recorded": False, "torch_autocast_initialized": False,
+               "torch_autocast_dtype": "None"}
 
 
 def _attribute(root, path: str):
@@ -172,7 +185,13 @@ def rank_decisions(engine, head) -> dict:
              "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
              "grad_acc_hooks": bool(getattr(engine.optimizer, "_grad_acc_hooks", None)),
              "check_grad_overflow": getattr(engine.optimizer, "check_grad_overflow", None),
-             "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None))}
+             "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None)),
+             # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
+             "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None,
+             # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
+             # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
+             "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
+                                    if hasattr(engine.optimizer, "ipg_buckets") else None)}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     return found
@@ -438,6 +457,8 @@ class EngineHead(Subject):
         cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
         if values.get("grad_accum", "model") == "fp32":
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+        if values.get("autocast", "off") != "off":
+            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]]}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
@@ -456,11 +477,19 @@ class EngineHead(Subject):
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
+        autocast = values.get("autocast", "off")
+        found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
-            return {"optimizer": "BF16_Optimizer", **switch_decisions(values)}
-        return switch_decisions(values)
+            found["optimizer"] = "BF16_Optimizer"
+        elif values.get("zero", 0) in (1, 2) and autocast != "off":
+            # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
+            # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
+            found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
+        elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") == "comm_fp32":
+            found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for
+        return found
 
     def requires(self, values):
         # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
@@ -516,6 +545,21 @@ class EngineHead(Subject):
                                           config=self.ds_config(first, train))
         engine.destroy()
 
+    def run_autocast_engine_first(self, values: dict, ctx: RankContext) -> None:
+        """process = after_autocast: the same model in fp32 under a torch_autocast (bf16) engine, built and
+        destroyed in this rank process before the case's own model, as a user's earlier run in the same
+        process. What its init_autocast_params leaves in module globals stays for the case (the harness's
+        reset runs before the case, not between the two engines)."""
+        import deepspeed
+
+        first = {**values, "dtype": "fp32", "autocast": "bf16", "dp_reduce": "average"}
+        train = self.training_spec(first)
+        model = self.build(first, DTYPES["fp32"]).to(ctx.device)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
+                                          config=self.ds_config(first, train))
+        engine.destroy()
+
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         import deepspeed
         from deepspeed.utils import safe_get_full_grad
@@ -527,6 +571,8 @@ class EngineHead(Subject):
         spec, train = self.model_spec(values), self.training_spec(values)
         if values.get("process", "fresh") == "after_zero3":
             self.run_zero3_engine_first(values, ctx)
+        elif values.get("process", "fresh") == "after_autocast":
+            self.run_autocast_engine_first(values, ctx)
         model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["functional_linear"] = functional_linear()

@@ -165,3 +165,28 @@ def test_without_master_a_bf16_model_is_stepped_as_torch_optim_sgd_steps_it():
             differs |= not torch.equal(plain.get("weight", step, None, None, name),
                                        mixed.get("weight", step, None, None, name))
     assert differs
+
+
+def test_autocast_reference_is_a_plain_amp_loop_with_bf16_floors():
+    # What a user's fp32 model under torch.autocast("cpu", bf16) gives: bf16 logits (nn.Linear autocasts),
+    # an fp32 loss (cross_entropy upcasts), fp32 gradients whose nn.Linear weight entries are bf16 values
+    # (the weight-gradient GEMM ran in bf16), fp32 weights; the oracle is the same float64 run as without it.
+    spec, train = ModelSpec(34, 32), TrainingSpec(steps=2, micro_batches=1)  # one micro-batch: its own gradient
+    amp = train_reference(spec, train, torch.float32, autocast=torch.bfloat16)
+    plain = train_reference(spec, train, torch.float32)
+    assert amp.layouts[("logits", 0, 0, 0, None)][0] == "bfloat16"
+    assert amp.layouts[("loss", 0, 0, 0, None)][0] == "float32"
+    assert amp.layouts[("grad", 0, None, None, "proj.weight")][0] == "float32"
+    assert amp.layouts[("weight", 1, None, None, "lm_head.weight")][0] == "float32"
+    g = amp.get("grad", 0, None, None, "proj.weight").float()
+    assert torch.equal(g, g.bfloat16().float())
+    assert not torch.equal(amp.get("logits", 0, 0, 0, None), plain.get("logits", 0, 0, 0, None))
+    assert {amp.floor_dtypes[k] for k in ("logits", "loss", "grad")} == {torch.bfloat16}
+    assert "weight" not in amp.floor_dtypes and not plain.floor_dtypes
+    oracle = train_reference(spec, train, torch.float32, torch.float64, autocast=torch.bfloat16)
+    exact = train_reference(spec, train, torch.float32, torch.float64)
+    assert torch.equal(oracle.get("weight", 1, None, None, "proj.weight"), exact.get("weight", 1, None, None, "proj.weight"))
+    # bf16-bounded, not fp32-bounded: the logits' error is a few bf16 units of their size, far above fp32's
+    err = (amp.get("logits", 0, 0, 0, None) - exact.get("logits", 0, 0, 0, None)).abs().max()
+    size = exact.get("logits", 0, 0, 0, None).abs().max()
+    assert 2**-24 * size < err <= 4 * 2**-8 * size

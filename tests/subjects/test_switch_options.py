@@ -30,8 +30,10 @@ def test_overlap_sets_the_key_only_when_asked_and_must_be_decided_either_way(sub
     assert "tp_overlap_comm" not in SUBJECTS[subject].ds_config(off, TRAIN)["tensor_parallel"]
     # Every case of the two heads, default ones included, is held to the switch and to the autograd function
     # it selects: a true left over from an earlier case would fail the default case's rank_decisions.
-    assert SUBJECTS[subject].decided(on) == {"tp_overlap_comm": True, "column_function": "AsyncColumnParallel"}
-    assert SUBJECTS[subject].decided(off) == {"tp_overlap_comm": False, "column_function": "ColumnParallel"}
+    assert SUBJECTS[subject].decided(on) == {"tp_overlap_comm": True, "column_function": "AsyncColumnParallel",
+                                             "torch_autocast": None}
+    assert SUBJECTS[subject].decided(off) == {"tp_overlap_comm": False, "column_function": "ColumnParallel",
+                                              "torch_autocast": None}
     assert SUBJECTS[subject].claims(on) == SUBJECTS[subject].claims(off)  # and the reference is the same
 
 
@@ -43,7 +45,7 @@ def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
     assert subject.ds_config(igu, TRAIN)["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert subject.decided(igu) == {"optimizer": "BF16_Optimizer", "immediate_grad_update": True,
                                     "grad_acc_hooks": True, "tp_overlap_comm": False,
-                                    "column_function": "ColumnParallel"}
+                                    "column_function": "ColumnParallel", "torch_autocast": None}
     nochk = {**bf16, "grad_accum": "model", "overflow_check": False}
     assert subject.ds_config(nochk, TRAIN)["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)

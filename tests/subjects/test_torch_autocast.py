@@ -1,0 +1,75 @@
+"""The engine subjects' process-state reset covers DeepSpeed's torch_autocast globals."""
+import pytest
+
+pytest.importorskip("deepspeed")
+
+
+def test_reset_clears_the_torch_autocast_globals_a_previous_engine_left():
+    import torch
+    from deepspeed.runtime import torch_autocast
+
+    from parity.subjects.deepspeed_autotp import CLEAN_STATE, deepspeed_process_state, reset_deepspeed_state
+
+    # What init_autocast_params leaves after any torch_autocast engine, destroyed or not
+    # (ci/repro/deepspeed_torch_autocast_state_leaks.py): the snapshot must see it, the reset must clear it.
+    torch_autocast.TORCH_AUTOCAST_INITIALIZED, torch_autocast.TORCH_AUTOCAST_DTYPE = True, torch.bfloat16
+    try:
+        leaked = deepspeed_process_state()
+        assert leaked["torch_autocast_initialized"] is True and leaked["torch_autocast_dtype"] == "torch.bfloat16"
+        assert leaked != CLEAN_STATE
+        assert reset_deepspeed_state() == CLEAN_STATE
+        assert not torch_autocast.is_autocast_initialized() and torch_autocast.get_autocast_dtype() is None
+    finally:
+        torch_autocast.TORCH_AUTOCAST_INITIALIZED, torch_autocast.TORCH_AUTOCAST_DTYPE = False, None
+
+
+def test_autocast_axis_is_quiet_and_reaches_the_engine_config_and_its_decision_record():
+    from parity.matrix.axes import AXES
+    from parity.subjects import SUBJECTS
+    from references.trajectory import TrainingSpec
+
+    assert AXES["autocast"].quiet_default and AXES["autocast"].default == "off"
+    subject = SUBJECTS["vocab_parallel"]
+    values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True,
+              "head": "lm_head", "ignore": "scattered", "zero": 1, "gas": 2, "tp": 2, "dp": 1, "device": "cpu"}
+    off, on = values, {**values, "autocast": "bf16"}
+    train = TrainingSpec()
+    assert "torch_autocast" not in subject.ds_config(off, train)
+    assert subject.ds_config(on, train)["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    # rank_decisions holds each rank to what the engine says it autocasts to: None when the axis is off.
+    assert subject.decided(off)["torch_autocast"] is None
+    assert subject.decided(on)["torch_autocast"] == "torch.bfloat16"
+    # A reference shared between cases must not be shared across the axis; off keeps the old key.
+    assert subject.reference_key(off) == ("train_reference", subject.model_spec(off), subject.training_spec(off), "fp32")
+    assert subject.reference_key(on) != subject.reference_key(off)
+
+
+def test_stage_references_compute_in_the_autocast_dtype():
+    from parity.checks.compare import Comparison
+    from parity.subjects import SUBJECTS
+
+    values = {"backend": "torch", "dtype": "fp32", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": False,
+              "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2, "dp": 1, "device": "cpu"}
+    subject = SUBJECTS["vocab_parallel"]
+    assert Comparison(subject, values, {}, None, None).stage_dtype == "fp32"
+    assert Comparison(subject, {**values, "autocast": "bf16"}, {}, None, None).stage_dtype == "bf16"
+
+
+def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks():
+    from parity.subjects import SUBJECTS
+
+    subject = SUBJECTS["column_gathered"]
+    base = {"dtype": "bf16", "reduction": "mean", "vocab": 34, "hidden": 32, "bias": True, "head": "lm_head",
+            "ignore": "scattered", "gas": 2, "tp": 2, "dp": 1, "device": "cpu"}
+    # communication_data_type fp32 under ZeRO 1/2: one fp32 bucket, fresh process or not (the after_autocast
+    # cases fail here: the leftover globals give bf16).
+    for zero in (1, 2):
+        for process in ("fresh", "after_autocast"):
+            values = {**base, "zero": zero, "dp_reduce": "comm_fp32", "process": process}
+            assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float32"]
+        # torch_autocast's marks: proj's bucket in bf16, the rest in fp32.
+        on = {**base, "dtype": "fp32", "zero": zero, "autocast": "bf16"}
+        assert subject.decided(on)["zero_reduce_dtypes"] == ["torch.bfloat16", "torch.float32"]
+    # No bucket to speak of without ZeRO, and no claim on the defaults.
+    assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 0, "dp_reduce": "comm_fp32"})
+    assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 2})
