@@ -108,7 +108,9 @@ def test_a_dead_job_fails_the_cases_it_held_and_the_run_goes_on():
 
     from parity.harness.job_processes import JobProcesses, batches
 
-    cases = [c for c in load() if c.subject == "column_gathered" and c["tp"] == 2 and c["dtype"] == "fp32"][:2]
+    # two cases expected to pass (the first column_gathered ones of the files may be marked divergences)
+    cases = [c for c in load() if c.subject == "column_gathered" and c["tp"] == 2 and c["dtype"] == "fp32"
+             and c.divergence is None][:2]
     jobs = JobProcesses(1, {"timeout_s": 120})
     try:
         jobs._start(cases)
