@@ -531,30 +531,20 @@ class EngineHead(Subject):
         """Facts about the model worth recording before DeepSpeed rewrites it."""
         return {}
 
-    def run_zero3_engine_first(self, values: dict, ctx: RankContext) -> None:
-        """process = after_zero3: the same model under a ZeRO 3 engine, built and destroyed in this rank
-        process before the case's own model, as a user's earlier run in the same process (a notebook, a
-        sweep, a trainer's second model). What it leaves behind stays for the case."""
+    # process = after_*: what the engine a user ran earlier in the same process (a notebook, a sweep, a
+    # trainer's second model) differed in, built and destroyed in this rank before the case's own model.
+    # What it leaves behind stays for the case (the harness's reset runs before the case, not between).
+    # after_zero3: the same model under ZeRO 3. after_autocast: the same model in fp32 under a torch_autocast
+    # (bf16) engine, whose init_autocast_params leaves module globals.
+    EARLIER_ENGINE = {"after_zero3": {"zero": 3},
+                      "after_autocast": {"dtype": "fp32", "autocast": "bf16", "dp_reduce": "average"}}
+
+    def run_earlier_engine(self, values: dict, ctx: RankContext) -> None:
         import deepspeed
 
-        first = {**values, "zero": 3}
+        first = {**values, **self.EARLIER_ENGINE[values["process"]]}
         train = self.training_spec(first)
         model = self.build(first, DTYPES[first["dtype"]]).to(ctx.device)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
-                                          config=self.ds_config(first, train))
-        engine.destroy()
-
-    def run_autocast_engine_first(self, values: dict, ctx: RankContext) -> None:
-        """process = after_autocast: the same model in fp32 under a torch_autocast (bf16) engine, built and
-        destroyed in this rank process before the case's own model, as a user's earlier run in the same
-        process. What its init_autocast_params leaves in module globals stays for the case (the harness's
-        reset runs before the case, not between the two engines)."""
-        import deepspeed
-
-        first = {**values, "dtype": "fp32", "autocast": "bf16", "dp_reduce": "average"}
-        train = self.training_spec(first)
-        model = self.build(first, DTYPES["fp32"]).to(ctx.device)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
                                           config=self.ds_config(first, train))
@@ -569,10 +559,8 @@ class EngineHead(Subject):
         install_tp_groups(ctx, tp, values.get("dist_debug", "off"))
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
-        if values.get("process", "fresh") == "after_zero3":
-            self.run_zero3_engine_first(values, ctx)
-        elif values.get("process", "fresh") == "after_autocast":
-            self.run_autocast_engine_first(values, ctx)
+        if values.get("process", "fresh") != "fresh":
+            self.run_earlier_engine(values, ctx)
         model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["functional_linear"] = functional_linear()
