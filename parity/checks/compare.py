@@ -239,6 +239,10 @@ class Comparison:
                          len(ran) == self.train.steps * self.train.micro_batches, rank=rank,
                          detail=f"expected one '{self.claims.loss_backend}' CE call per micro-batch; "
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
+            if self.claims.collective_path is not None:
+                ran = o.facts.get("collective_path")
+                self.add("collective_path", ran == [self.claims.collective_path], rank=rank,
+                         detail=f"expected the one collective through {self.claims.collective_path}; ran: {ran}")
         if self.claims.loss_backend is not None:
             self.check_backend_agreement()
         if self.subject.records_rank_decisions:

@@ -185,6 +185,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
               "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "
               "reference is torch.optim.SGD on the bf16 parameters themselves (column_gathered, vocab_parallel)"),
+    Axis("allreduce", ("torch", "shm"), "torch", lambda v: f"ar_{v}", quiet_default=True,
+         help="inference_head: how inference_all_reduce sums the partial logits on CPU: torch, DeepSpeed's shm op not "
+              "built (torch.distributed.all_reduce over gloo); shm, the op built and set up as deepspeed.init_distributed "
+              "does under DeepSpeed's launcher (LOCAL_SIZE = world), which DeepSpeed then takes for fp32 on AVX2 CPUs "
+              "and for bf16/fp16 on AVX-512BW ones"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -94,6 +94,31 @@ def _megatron_core() -> str | None:
             f"{lines[-1] if lines else f'exit status {proc.returncode}'}")
 
 
+def _cpp_toolchain() -> str | None:
+    # DeepSpeed JIT-builds its CPU shm all-reduce op (op_builder/cpu/comm.py, ShareMemCommBuilder) through torch's
+    # cpp_extension, which needs ninja and the C++ compiler it names (CXX, else c++).
+    import shutil
+
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"cpp_toolchain: a C++ compiler ({compiler}) to JIT-build DeepSpeed's CPU shm op; none on PATH"
+    if not is_ninja_available():
+        return "cpp_toolchain: ninja to JIT-build DeepSpeed's CPU shm op (pip install ninja)"
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not there)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
 def _gpus(count: int):
     # One rank per GPU over NCCL. Ranks sharing one GPU run over gloo, and ProcessGroupGloo's all-gather
     # into a tensor crashes the process on CUDA tensors (SIGSEGV in gloo::allgather, pytorch/pytorch#152645;
@@ -114,6 +139,7 @@ PROBES = {
     "cpu_fp16": _cpu_fp16,
     "triton_interpreter": _triton_interpreter,
     "megatron_core": _megatron_core,
+    "cpp_toolchain": _cpp_toolchain,
     **{f"gpus{n}": _gpus(n) for n in (2, 3, 4, 8)},
 }
 

@@ -40,6 +40,9 @@ class Claims:
     micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})
     exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
+    # The implementation that must carry the head's one collective per forward on every rank (e.g. DeepSpeed's
+    # inference_all_reduce: "shm" or "torch.distributed.all_reduce"); a subject records facts["collective_path"].
+    collective_path: str | None = None
     reports_grad_norm: bool = False  # the subject exposes the global norm it clipped with
     # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
     # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].

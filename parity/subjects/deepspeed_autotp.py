@@ -43,15 +43,16 @@ def setup_deepspeed(ctx: RankContext) -> None:
         return
     # The CPU shared-memory all-reduce op is JIT-compiled (35-100 s) on first init and only serves
     # inference_all_reduce, which no training head calls. Not building it keeps every rank's start
-    # in seconds; the inference-only head (a later subject) then takes torch's all_reduce, and its
-    # case says so. See README "DeepSpeed's CPU shm op".
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    # in seconds; the inference-only head then takes torch's all_reduce, and its case says so. See README
+    # "DeepSpeed's CPU shm op". The shm cases (allreduce = "shm") build it with DeepSpeed's own function, kept here.
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    build_shm_op, comm_torch.build_shm_op = comm_torch.build_shm_op, lambda: None
     import deepspeed
 
     import torch.distributed as dist
 
     deepspeed.init_distributed(dist_backend=dist.get_backend())  # joins the worker's process group
-    ctx.state["deepspeed"] = {"tp_groups": {}}
+    ctx.state["deepspeed"] = {"tp_groups": {}, "build_shm_op": build_shm_op}
 
 
 def install_tp_groups(ctx: RankContext, tp: int, dist_debug: str = "off") -> None:

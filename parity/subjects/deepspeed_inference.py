@@ -16,10 +16,16 @@ user-policy path instead, naming the model's own class and its ``proj``: ``repla
 visits children, so no layer is replaced and ``proj`` stays a plain Linear (a claim), and
 ``set_lm_head`` shards the head.
 
-``inference_all_reduce`` on CPU: the shm op is not built (README "Decisions"), so
-``torch.ops.deepspeed.inference_all_reduce_`` does not exist and DeepSpeed falls back to
-``torch.distributed.all_reduce`` on the TP group; the rank records which one ran, and the forward's
-collectives are counted for the case file's ``[matrix.collectives]`` (one all-reduce).
+``inference_all_reduce`` on CPU: by default the shm op is not built (README "Decisions"), so DeepSpeed
+falls back to ``torch.distributed.all_reduce`` on the TP group. With ``allreduce = "shm"`` the rank builds
+it with DeepSpeed's own ``build_shm_op`` and sets it up as ``deepspeed.init_distributed`` does
+(comm/torch.py, TorchBackend.__init__) under DeepSpeed's launcher, which exports LOCAL_SIZE (launcher/launch.py):
+the op's workspace exists only when LOCAL_SIZE equals the world size. DeepSpeed then takes the op for fp32
+on AVX2 CPUs and for bf16/fp16 on AVX-512BW ones, torch's all_reduce otherwise. Each rank records which one
+ran (observed: torch.distributed.all_reduce called or not), the claims name the one the suite expects from
+the CPU's flags, and the forward's collectives are counted for the case file's ``[matrix.collectives]``
+(one all-reduce, the op's included). Once built, the op stays registered in the process: every other
+inference case sets the backend's kernel level to 0, DeepSpeed's own fallback, and the reset proves it.
 
 A nested head (``head = "model.lm_head"``): ``set_lm_head`` tests ``hasattr(module, "lm_head")`` on the
 top-level model only, so the head stays a replicated ``nn.Linear`` and nothing is reduced; the claims
@@ -30,6 +36,11 @@ Grain: ``init_inference``'s ``tensor_parallel.tp_grain_size`` defaults to 64 (tr
 subject's grain default is 64 and is then not passed (the user's default); any other value is passed.
 """
 from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -43,6 +54,55 @@ from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
 
 INFERENCE_DEFAULT_GRAIN = 64
+TORCH_ALL_REDUCE = "torch.distributed.all_reduce"
+# The ISA the shm op's reduce kernels need (shm_interface.cpp vector_kernel_level: fp32 level 1, bf16/fp16 level 2).
+SHM_ISA = {"fp32": "avx2", "bf16": "avx512bw", "fp16": "avx512bw"}
+
+
+def expected_all_reduce(values: dict) -> str:
+    """Which implementation must sum the partial logits, by DeepSpeed's documented gate (comm/torch.py
+    inference_all_reduce), computed from the CPU's own flags."""
+    from parity.observe.capabilities import cpu_flags
+
+    if values.get("allreduce", "torch") == "shm" and SHM_ISA[values["dtype"]] in cpu_flags():
+        return "shm"
+    return TORCH_ALL_REDUCE
+
+
+@functools.cache
+def prebuild_shm_op() -> None:
+    """Build DeepSpeed's shm op once, in a child process, before the first shm case runs: the JIT build takes
+    35-100 s on two idle cores (ten minutes under heavy load) and would otherwise count against that case's
+    timeout; its ranks then load it from torch's extension cache. A failed build is no skip: the ranks build
+    again and fail the case with DeepSpeed's error."""
+    code = ("from deepspeed.accelerator import get_accelerator; "
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+    try:
+        subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def shm_op(ctx: RankContext):
+    """DeepSpeed's shm op in this rank process, set up once as deepspeed.init_distributed sets it up under
+    DeepSpeed's launcher: (op, vector kernel level). Its initialize() runs once per process (a static flag),
+    reading LOCAL_SIZE then; the launcher exports it for the whole run, the rank only for that call."""
+    state = ctx.state["deepspeed"]
+    if "shm_op" not in state:
+        op = state["build_shm_op"]()
+        if op is None:
+            raise RuntimeError("DeepSpeed's ShareMemCommBuilder reports its shm op incompatible with this machine")
+        saved = os.environ.get("LOCAL_SIZE")
+        os.environ["LOCAL_SIZE"] = str(ctx.world_size)
+        try:
+            op.initialize(ctx.world_size, ctx.rank)
+        finally:
+            if saved is None:
+                os.environ.pop("LOCAL_SIZE")
+            else:
+                os.environ["LOCAL_SIZE"] = saved
+        state["shm_op"] = (op, op.vector_kernel_level())
+    return state["shm_op"]
 
 
 def inference_group(ctx: RankContext, tp: int):
@@ -60,15 +120,22 @@ class InferenceHead(Subject):
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
     axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": None, "tp": None,
-            "grain": None, "device": None}
+            "grain": None, "device": None, "allreduce": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
-    clean_state = CLEAN_STATE
+    clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
     def world_size(self, values):
         return values["tp"]
 
     def requires(self, values):
-        return super().requires(values) + engine_dtype_requirements(values)
+        shm = ["cpp_toolchain"] if values.get("allreduce", "torch") == "shm" else []
+        return super().requires(values) + engine_dtype_requirements(values) + shm
+
+    def unavailable_reason(self, values):
+        reason = super().unavailable_reason(values)
+        if reason is None and values.get("allreduce", "torch") == "shm":
+            prebuild_shm_op()
+        return reason
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), steps=1, micro_batches=1)
@@ -77,7 +144,7 @@ class InferenceHead(Subject):
         head = values["head"]
         return Claims(module_types={head: "LmHeadLinearAllreduce", "proj": "Linear", "embed_tokens": "Embedding"},
                       param_shards={f"{head}.weight": 1, f"{head}.bias": None},
-                      micro_records={"logits": None})
+                      micro_records={"logits": None}, collective_path=expected_all_reduce(values))
 
     def reference(self, values, compute_dtype=None):
         """The forward alone: initial weights and the logits of the first micro-batch."""
@@ -98,8 +165,12 @@ class InferenceHead(Subject):
         return traj
 
     def reset_process_state(self, ctx: RankContext) -> dict:
+        from deepspeed.comm import comm as ds_comm
+
         setup_deepspeed(ctx)
-        return reset_deepspeed_state()
+        # A registered shm op stays registered; level 0 is DeepSpeed's own fallback to torch's all_reduce.
+        ds_comm.cdb.shm_vector_kernel_level = 0
+        return {**reset_deepspeed_state(), "shm_vector_kernel_level": ds_comm.cdb.shm_vector_kernel_level}
 
     def run_rank(self, values, ctx):
         import deepspeed
@@ -114,6 +185,8 @@ class InferenceHead(Subject):
         model = build_model(spec, train.seed, dtype).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         InferenceEngine.inference_mp_group = inference_group(ctx, tp)
+        if values.get("allreduce", "torch") == "shm":
+            ds_comm.cdb.shm_comm_op, ds_comm.cdb.shm_vector_kernel_level = shm_op(ctx)
         tensor_parallel = {"tp_size": tp}
         if values["grain"] != INFERENCE_DEFAULT_GRAIN:
             tensor_parallel["tp_grain_size"] = values["grain"]
@@ -129,11 +202,13 @@ class InferenceHead(Subject):
         original = backend.inference_all_reduce
 
         def counted(tensor, *args, **kwargs):
-            shm = hasattr(torch.ops, "deepspeed") and hasattr(torch.ops.deepspeed, "inference_all_reduce_")
-            reduces.append("shm" if shm else "torch.distributed.all_reduce")
-            if shm:  # the shm op is no torch.distributed call; it is still the head's one TP all-reduce
+            before = counts[f"all_reduce@{tp}"]
+            result = original(tensor, *args, **kwargs)
+            torch_path = counts[f"all_reduce@{tp}"] > before
+            reduces.append(TORCH_ALL_REDUCE if torch_path else "shm")
+            if not torch_path:  # the shm op is no torch.distributed call; it is still the head's one TP all-reduce
                 counts[f"all_reduce@{tp}"] += 1
-            return original(tensor, *args, **kwargs)
+            return result
 
         backend.inference_all_reduce = counted
         try:
@@ -145,7 +220,7 @@ class InferenceHead(Subject):
         finally:
             del backend.inference_all_reduce  # the instance attribute; the class method shows again
         obs.record("logits", 0, 0, None, logits)
-        obs.facts["inference_all_reduce"] = reduces
+        obs.facts["collective_path"] = reduces
         obs.facts["collectives"] = {(0, 0): dict(counts)}
         return obs
 
