@@ -42,7 +42,7 @@ REJECTIONS = (
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
-    "strict_unmatched_proj", "strict_unmatched_head",
+    "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
