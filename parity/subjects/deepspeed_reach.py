@@ -79,6 +79,8 @@ def block_claims() -> tuple[dict, dict]:
 class LlamaBlocksHead(EngineHead):
     """TinyLlamaModel through the engine loop; subclasses say which of DeepSpeed's sources shards its blocks."""
     axes = {**COMMON_AXES, "vocab_parallel_lm_head": ("true", "false")}
+    # The axis's own default, "unset", is the HF auto path's; here None acts as false (engine.py:1202), a twin of "false".
+    defaults = {"vocab_parallel_lm_head": "true"}
 
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), blocks=BLOCKS)
