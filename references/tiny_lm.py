@@ -30,6 +30,8 @@ class ModelSpec:
     # (a tied head's projection still does). None: no padding row.
     padding_idx: int | None = None
     label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
+    # Llama-shaped blocks between the embedding and proj (TinyLlamaModel); 0: TinyCausalLM, no blocks.
+    blocks: int = 0
 
 
 class TinyCausalLM(nn.Module):
@@ -88,6 +90,59 @@ class TinyCausalLM(nn.Module):
         return loss, logits
 
 
+class TinyAttention(nn.Module):
+    """Llama's attention projections by name (q/k/v_proj, o_proj), mixing per feature instead of over the
+    sequence: column shards of q, k, v feeding a row shard of o_proj then compute exactly what the whole
+    block computes, as real attention does for whole heads, and the head's checks need no more."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        return self.o_proj(self.q_proj(x) * torch.sigmoid(self.k_proj(x)) + self.v_proj(x))
+
+
+class TinyMLP(nn.Module):
+    """Llama's MLP: down_proj(silu(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, 2 * hidden, bias=False)
+        self.up_proj = nn.Linear(hidden, 2 * hidden, bias=False)
+        self.down_proj = nn.Linear(2 * hidden, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TinyLlamaBlock(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.self_attn = TinyAttention(hidden)
+        self.mlp = TinyMLP(hidden)
+
+    def forward(self, x):
+        x = x + self.self_attn(x)
+        return x + self.mlp(x)
+
+
+class TinyLlamaModel(TinyCausalLM):
+    """TinyCausalLM with ``layers``, a ModuleList of Llama-shaped blocks, between the embedding and proj: a
+    user's own (non-HF) model, without a config or a tp_plan. Its class name ends in Model and its blocks sit
+    in a ModuleList, which is what DeepSpeed's heuristic AutoTP parser looks for."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        self.layers = nn.ModuleList(TinyLlamaBlock(spec.hidden) for _ in range(spec.blocks))
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for block in self.layers:
+            x = block(x)
+        return torch.tanh(self.proj(x))
+
+
 def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
     """Initial weights depend only on (spec, seed): drawn in fp32, then cast, on every process alike.
     The cast is part of making them (inside seeded's exact_inputs): the subject gets the same cast
@@ -95,7 +150,7 @@ def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
     moved every bf16 initial weight by up to a unit, and the samples' master-weight error with it
     (2e-3 where the reference's was 4e-7, found while sampling a master bound)."""
     with seeded(seed):
-        return TinyCausalLM(spec).to(dtype)
+        return (TinyLlamaModel if spec.blocks else TinyCausalLM)(spec).to(dtype)
 
 
 def capture_head_input_and_grad(model: TinyCausalLM, sink: dict) -> None:

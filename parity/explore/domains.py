@@ -54,6 +54,8 @@ HELD_AXES = {
                         "its TP heads return fp32 logits at every point, a documented divergence"),
     "allreduce": ("torch", "the shm all-reduce is a fixed scenario (cases/deepspeed_inference.toml): its op is JIT-built "
                            "once per machine and set up once per rank process, which a search over sizes would not vary"),
+    "reach": ("model_types_config", "a head spec that matches nothing (anchored, or model_types on a model without "
+                                    "config) is a documented divergence at every point (cases/deepspeed_heads.toml)"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

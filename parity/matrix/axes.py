@@ -42,7 +42,7 @@ REJECTIONS = (
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
-    "strict_unmatched_proj", "strict_unmatched_head",
+    "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
@@ -90,7 +90,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          lambda v: f"plan_{v}", help="the HF tp_plan style given to lm_head (hf_tp_plan subjects only)"),
     Axis("vocab_parallel_lm_head", ("true", "false", "unset"), "unset", lambda v: f"vplm_{v}",
          help="tensor_parallel.vocab_parallel_lm_head: true, false, or left out (None: DeepSpeed's auto path "
-              "for a tied head with an embedding_rowwise plan; hf_tp_plan subjects only)"),
+              "for a tied head with an embedding_rowwise plan; hf_tp_plan subjects, and preset_llama / "
+              "heuristic_blocks with true or false)"),
+    Axis("reach", ("model_types_config", "anchored", "model_types"), "model_types_config", lambda v: f"reach_{v}",
+         help="spec_reach: the head's gathered column spec as DeepSpeed may not apply it: model_types_config, the "
+              "head's escaped path restricted to model_types ['llama'] on the model given config.model_type 'llama' "
+              "(the spec applies); model_types, the same spec on the model without config; anchored, the pattern "
+              "lm_head\\.weight$ on a nested model.lm_head (re.match anchors at the start)"),
     Axis("embed_spec", ("none", "row", "column"), "none", lambda v: f"espec_{v}",
          help="an explicit partition_config spec for embed_tokens.weight, visited by the AutoTP walk before "
               "the head (tied subjects only)"),

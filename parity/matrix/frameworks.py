@@ -24,10 +24,12 @@ FEATURES = {
     "vocab_parallel_embedding": EMBED, "torch_vocab_embedding": EMBED, "megatron_vocab_embedding": EMBED,
     "tied_row_parallel": TIED, "tied_vocab_parallel": TIED, "hf_plan_tied": TIED,
 }
-# Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec.
+# Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec, and how
+# DeepSpeed finds the head (spec_reach, preset_llama, heuristic_blocks: DeepSpeed's module selection, no other
+# framework has it).
 OTHER = {"liger_vocab_ce", "ds_vocab_ce", "ds_liger_ce", "ds_liger_no_group", "ds_fused_linear_ce", "ds_reject",
          "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module",
-         "inference_head", "embed_spec_untied"}
+         "inference_head", "embed_spec_untied", "spec_reach", "preset_llama", "heuristic_blocks"}
 
 
 def feature(case) -> str | None:

@@ -21,6 +21,7 @@ from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRow
 from parity.subjects.deepspeed_embed_spec import EmbeddingSpecHead
 from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
 from parity.subjects.deepspeed_inference import InferenceHead
+from parity.subjects.deepspeed_reach import HeuristicBlocksHead, PresetLlamaHead, SpecReachHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
@@ -39,7 +40,7 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
-                                EmbeddingSpecHead(),
+                                EmbeddingSpecHead(), SpecReachHead(), PresetLlamaHead(), HeuristicBlocksHead(),
                                 TorchColumnGatheredHead(), TorchVocabParallelHead(), TorchRowParallelHead(),
                                 TorchVocabParallelEmbedding(),
                                 MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]}

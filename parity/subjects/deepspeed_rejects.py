@@ -22,7 +22,7 @@ from parity.observe.model_state import loss_function_repr, model_state, tensor_d
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
                                               reset_deepspeed_state, setup_deepspeed)
 from references.seeding import seeded
-from references.tiny_lm import ModelSpec, TinyCausalLM, build_model
+from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
 from references.trajectory import TrainingSpec
 
 VOCAB, HIDDEN, SEED, TOKENS, IGNORE_INDEX = 34, 32, 1234, 12, -100
@@ -91,6 +91,11 @@ class IgnoringSetterLossLM(ReadOnlyLossLM):
         pass
 
 
+class LlamaShapedLM(TinyLlamaModel):
+    """TinyLlamaModel's blocks under a class name without "Model": no partition_config and no tp_plan send the engine to
+    AutoTP's heuristic parser, whose AutoTP.supported looks for a model family in the repr's class names."""
+
+
 def _seeded(factory):
     with seeded(SEED):
         return factory()
@@ -124,6 +129,10 @@ def _unsupported_tp_plan_style(spec):
     # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
     model._tp_plan = {"lm_head": "sequence_parallel"}
     return model
+
+
+def _llama_shaped_unnamed(spec):
+    return _seeded(lambda: LlamaShapedLM(dataclasses.replace(spec, blocks=2)))
 
 
 def _plain(spec):
@@ -194,6 +203,8 @@ ENGINE_VARIANTS = {
     # (met after proj, which its own column spec has converted by then: the user forgot the head's spec)
     "strict_unmatched_proj": EngineVariant(_strict(COLUMN_GATHERED)),
     "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
+    # no partition_config, no tp_plan: the heuristic path, on blocks it can shard but a class name it cannot place
+    "heuristic_unnamed_model": EngineVariant({"vocab_parallel_lm_head": True}, _llama_shaped_unnamed),
     # the user's own TP groups, laid out unlike DeepSpeed's mesh: DeepSpeed must use them or refuse them
     "user_tp_group_tp_model_init": EngineVariant(_specs(COLUMN_GATHERED), user_tp="tp_model_init", dp=2),
     "user_tp_group_config": EngineVariant(_specs(COLUMN_GATHERED), user_tp="config", dp=2),

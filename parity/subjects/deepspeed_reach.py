@@ -1,0 +1,126 @@
+"""How far DeepSpeed 0.19.8's AutoTP reaches for the output head when the user does not name it the way the
+other engine subjects do (issue 13, "reach").
+
+- ``spec_reach``: a partition_config spec meant for the head that DeepSpeed's matcher may not apply (axis ``reach``):
+  ``anchored``, the pattern ``lm_head\\.weight$`` on a nested ``model.lm_head`` (``TPLayerSpec.matches`` uses
+  ``re.match``, anchored at the start of the full name); ``model_types``, the head's own escaped path restricted to
+  ``model_types: ["llama"]`` on a model without ``config`` (``AutoTP._get_model_type`` then finds no type and the spec
+  never matches); ``model_types_config``, the same spec on the same model given a ``config.model_type`` of "llama", the
+  twin where the restriction is satisfied. The claims are what the user asked for: a gathered column head.
+- ``preset_llama``: ``tensor_parallel.preset_model: "llama"`` (``AutoTPPresets.llama``, no partition_config) on
+  TinyLlamaModel (references/tiny_lm.py), with ``vocab_parallel_lm_head`` true or false.
+- ``heuristic_blocks``: no partition_config, no tp_plan: the engine's heuristic path (``AutoTP.tp_parser`` +
+  ``replace_transformer_layer(training_mode=True)``, engine.py:1201-1231) on the same model, ``vocab_parallel_lm_head``
+  true (a separate AutoTP replaces the head) or false (nothing reaches the head: ``set_lm_head`` returns at once in
+  training mode).
+
+TinyLlamaModel is the user's model, so the reference is the same model trained unsharded (references/trajectory.py);
+every block projection's shards are declared in the claims, so the gradients and weights of the blocks are checked
+whole, not only the head's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+
+from parity.subjects.base import Claims
+from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, EngineHead, reports_grad_norm
+
+BLOCKS = 2  # two blocks of one class: the heuristic parser keeps one policy per block class, the walk meets both
+COLUMN_PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW_PROJ = ("self_attn.o_proj", "mlp.down_proj")
+
+
+class SpecReachHead(ColumnGatheredHead):
+    name = "spec_reach"
+    description = ("A gathered column spec meant for the head that DeepSpeed's matcher may leave unapplied: an "
+                   "anchored pattern on a nested head, or model_types on a model with or without a config.model_type.")
+    axes = {**COMMON_AXES, "reach": None}
+
+    def head_spec(self, values: dict) -> dict:
+        head, reach = values["head"], values["reach"]
+        if reach == "anchored":
+            if "." not in head:
+                raise ValueError(f"reach 'anchored' needs a nested head (head = 'model.lm_head'), got head = {head!r}")
+            # The head's own name, as a user who thinks of "the lm_head" writes it; re.match anchors it at the start.
+            return {"patterns": [rf"{re.escape(head.split('.')[-1])}\.weight$"]}
+        return {"patterns": [rf"{re.escape(head)}\.weight$"], "model_types": ["llama"]}
+
+    def tensor_parallel_config(self, values):
+        return {"partition_config": {"use_default_specs": False, "layer_specs": [
+            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
+            {**self.head_spec(values), "partition_type": "column", "gather_output": True},
+        ]}}
+
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        if values["reach"] == "model_types_config":
+            # All AutoTP reads of a config here: model_type (_get_model_type); no head counts, so the shards stay
+            # near-even. An HF model's PretrainedConfig carries the same attribute.
+            model.config = types.SimpleNamespace(model_type="llama")
+        return model
+
+
+def block_claims() -> tuple[dict, dict]:
+    """(module_types, param_shards) of TinyLlamaModel's blocks sharded the Llama way: q/k/v and gate/up column
+    (LinearLayer, weight cut on dim 0), o_proj and down_proj row (LinearAllreduce, cut on dim 1)."""
+    types_, shards = {}, {}
+    for i in range(BLOCKS):
+        for name in COLUMN_PROJ:
+            types_[f"layers.{i}.{name}"] = "LinearLayer"
+            shards[f"layers.{i}.{name}.weight"] = 0
+        for name in ROW_PROJ:
+            types_[f"layers.{i}.{name}"] = "LinearAllreduce"
+            shards[f"layers.{i}.{name}.weight"] = 1
+    return types_, shards
+
+
+class LlamaBlocksHead(EngineHead):
+    """TinyLlamaModel through the engine loop; subclasses say which of DeepSpeed's sources shards its blocks."""
+    axes = {**COMMON_AXES, "vocab_parallel_lm_head": ("true", "false")}
+    # The axis's own default, "unset", is the HF auto path's; here None acts as false (engine.py:1202), a twin of "false".
+    defaults = {"vocab_parallel_lm_head": "true"}
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), blocks=BLOCKS)
+
+    def vocab_parallel(self, values) -> dict:
+        return {"vocab_parallel_lm_head": values["vocab_parallel_lm_head"] == "true"}
+
+    def claims(self, values):
+        head = values["head"]
+        block_types, block_shards = block_claims()
+        if values["vocab_parallel_lm_head"] == "true":
+            return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
+                                        "loss_function": "VocabParallelCausalLMLoss", **block_types},
+                          param_shards={f"{head}.weight": 0, f"{head}.bias": 0, **block_shards},
+                          micro_records={"logits": -1, "loss": None, "head_input_grad": None},
+                          loss_backend="torch", reports_grad_norm=reports_grad_norm(values))
+        # No source names the head: it stays the user's replicated nn.Linear, computing full logits on every rank.
+        return Claims(module_types={head: "Linear", "proj": "Linear", "embed_tokens": "Embedding", **block_types},
+                      param_shards={f"{head}.weight": None, f"{head}.bias": None, **block_shards},
+                      reports_grad_norm=reports_grad_norm(values))
+
+
+class PresetLlamaHead(LlamaBlocksHead):
+    name = "preset_llama"
+    description = ("tensor_parallel.preset_model 'llama' on a Llama-shaped model of the user's own: the preset's "
+                   "regexes shard the blocks; vocab_parallel_lm_head true makes the head VocabParallelLinear, false "
+                   "leaves it a replicated nn.Linear (no preset spec names lm_head).")
+
+    def tensor_parallel_config(self, values):
+        return {"preset_model": "llama", **self.vocab_parallel(values)}
+
+
+class HeuristicBlocksHead(LlamaBlocksHead):
+    name = "heuristic_blocks"
+    description = ("No partition_config and no tp_plan: AutoTP's heuristic parser shards the blocks (o_proj and "
+                   "down_proj row, the rest column); vocab_parallel_lm_head true replaces the head by a separate "
+                   "AutoTP, false leaves it a replicated nn.Linear.")
+
+    def tensor_parallel_config(self, values):
+        return self.vocab_parallel(values)
+
+
+SUBJECTS = [SpecReachHead(), PresetLlamaHead(), HeuristicBlocksHead()]
