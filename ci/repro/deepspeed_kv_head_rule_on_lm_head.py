@@ -9,7 +9,7 @@ which also honours partition_config.lm_head_patterns), and VocabParallelLinear p
 num_key_value_heads first, then ... num_attention_heads; text_config descended into), as an HF model carries.
 
 So the same head on the same model (vocab 36, tp 2, a config naming 6 query / 3 key-value heads) is split
-- 18/18 when it is model.lm_head's top-level `lm_head` (the near-even rule DeepSpeed keeps for output heads),
+- 18/18 when it is the model's top-level `lm_head` (the near-even rule DeepSpeed keeps for output heads),
 - 24/12 when it is nested (`model.lm_head`: a PEFT-wrapped model's `base_model.model.lm_head`, a composite model's
   `language_model.lm_head`) or named `output` and selected with lm_head_patterns: ["output"];
 and with one key/value head (multi-query attention) the nested head gets 36/0 and deepspeed.initialize refuses
@@ -88,7 +88,8 @@ def rank_main(rank, result):
         h = torch.tanh(model.embed_tokens(ids))
         # Plain PyTorch: HF's causal-LM loss (shift by one, mean over the targets).
         torch_loss = float(F.cross_entropy(model.head()(h)[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)))
-        partition = {"use_default_specs": False, "layer_specs": [], **({"lm_head_patterns": patterns} if patterns else {})}
+        partition = {"use_default_specs": False, "layer_specs": [],
+                     **({"lm_head_patterns": patterns} if patterns else {})}
         config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**9, "zero_optimization": {"stage": 0},
                   "tensor_parallel": {"autotp_size": TP, "vocab_parallel_lm_head": True, "partition_config": partition}}
         try:

@@ -53,8 +53,8 @@ HELD_AXES = {
     "autocast": ("off", "torch_autocast is a fixed scenario on fp32 models (cases/deepspeed_heads.toml): with a bias "
                         "its TP heads return fp32 logits at every point, a documented divergence"),
     "model_config": ("none", "a config naming head counts is a fixed scenario (cases/deepspeed_heads.toml, "
-                             "deepspeed_tied_heads.toml): on a nested or lm_head_patterns head, AutoTP's kv-head split is a "
-                             "documented divergence wherever the count divides the vocabulary but not tp"),
+                             "deepspeed_tied_heads.toml): on a nested or lm_head_patterns head, AutoTP's kv-head "
+                             "split is a documented divergence wherever the count divides the vocabulary, not tp"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

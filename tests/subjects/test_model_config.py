@@ -52,8 +52,8 @@ def test_built_model_carries_the_config_only_when_asked(subject):
     assert with_config.config == hf_like_config("kv3", 36, 32, subject == "tied_vocab_parallel")
     # a config changes no weight: the reference (which never reads it) is shared
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), with_config.parameters()))
-    s = SUBJECTS[subject]
-    assert s.reference_key(_values(subject, vocab=36)) == s.reference_key(_values(subject, vocab=36, model_config="kv3"))
+    key = SUBJECTS[subject].reference_key
+    assert key(_values(subject, vocab=36)) == key(_values(subject, vocab=36, model_config="kv3"))
 
 
 def test_deepspeed_must_read_the_kv_head_count_back():
