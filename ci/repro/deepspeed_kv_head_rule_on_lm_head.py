@@ -17,7 +17,7 @@ the model ("requires nonempty vocabulary shards"), which the top-level head trai
 number (head, tied embedding and loss share the bounds), but it is not the documented near-even layout, it
 unbalances the ranks, and it turns DeepSpeed's Liger CE off (its gate needs equal shards: 36 over 2 could have them).
 
-Run (CPU, 2 processes over gloo, about 60 s):  python ci/repro/deepspeed_kv_head_rule_on_lm_head.py
+Run (CPU, 2 processes over gloo, about 25 s):  python ci/repro/deepspeed_kv_head_rule_on_lm_head.py
 Exit status 1 while a nested or lm_head_patterns head is split otherwise than the top-level lm_head.
 """
 import importlib
