@@ -56,6 +56,9 @@ HELD_AXES = {
                            "once per machine and set up once per rank process, which a search over sizes would not vary"),
     "reach": ("model_types_config", "a head spec that matches nothing (anchored, or model_types on a model without "
                                     "config) is a documented divergence at every point (cases/deepspeed_heads.toml)"),
+    "model_config": ("none", "a config naming head counts is a fixed scenario (cases/deepspeed_heads.toml, "
+                             "deepspeed_tied_heads.toml): on a nested or lm_head_patterns head, AutoTP's kv-head "
+                             "split is a documented divergence wherever the count divides the vocabulary, not tp"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

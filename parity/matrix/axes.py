@@ -64,8 +64,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("hidden", None, 32, lambda v: f"h{v}"),
     Axis("tied", (False, True), False, _flag("tied", "untied"), help="head weight shared with the embedding"),
     Axis("bias", (True, False), True, _flag("bias", "nobias")),
-    Axis("head", ("lm_head", "embed_out", "model.lm_head"), "lm_head", lambda v: v.replace(".", "_"),
-         help="where the output head lives: lm_head, embed_out, or nested as model.lm_head"),
+    Axis("head", ("lm_head", "embed_out", "model.lm_head", "output"), "lm_head", lambda v: v.replace(".", "_"),
+         help="where the output head lives: lm_head, embed_out, nested as model.lm_head, or output (a name only "
+              "partition_config.lm_head_patterns makes a head; vocab_parallel only)"),
     Axis("ignore", ("none", "scattered", "micro", "step"), "scattered", lambda v: f"ign_{v}",
          help="ignore_index pattern: none, scattered, + a whole micro-batch ignored, + a whole step ignored"),
     Axis("zero", (0, 1, 2, 3), 0, lambda v: f"zero{v}", minimum=0),
@@ -196,6 +197,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "built (torch.distributed.all_reduce over gloo); shm, the op built and set up as deepspeed.init_distributed "
               "does under DeepSpeed's launcher (LOCAL_SIZE = world), which DeepSpeed then takes for fp32 on AVX2 CPUs "
               "and for bf16/fp16 on AVX-512BW ones"),
+    Axis("model_config", ("none", "heads4", "kv3", "kv1", "text_kv3"), "none", lambda v: f"cfg_{v}",
+         quiet_default=True,
+         help="the HF-style config the user's model carries as model.config (references/model_config.py): none, or "
+              "one naming attention head counts, which DeepSpeed's AutoTP reads (tp_shard.AutoTPMeta): heads4 "
+              "(num_attention_heads 4), kv3 (6 query heads, num_key_value_heads 3), kv1 (4 query heads, one kv head), "
+              "text_kv3 (16 vision heads outside, kv3 in text_config) (vocab_parallel, tied_vocab_parallel)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -20,6 +20,11 @@ from references.trajectory import TrainingSpec
 # seed by small offsets (the loss-only subjects' Hessian-vector direction uses seed + 1).
 SEED_STRIDE = 1000
 
+# The head axis's values (parity/matrix/axes.py) every subject with a head takes. "output" is a head only where
+# the subject passes it to DeepSpeed as partition_config.lm_head_patterns (vocab_parallel), so the others list
+# these instead of the whole domain.
+NAMED_HEADS = ("lm_head", "embed_out", "model.lm_head")
+
 
 def case_seed(base: int, values: dict) -> int:
     """The seed a case's model and data are drawn from: ``base`` moved by its seed axis."""

@@ -18,13 +18,14 @@ from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
+from references.model_config import hf_like_config, text_kv_heads
 from references.tiny_lm import build_model, capture_head_input_and_grad
 from references.trajectory import step_num_items, trainer_objective
 
 COMMON_AXES = {
-    "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": None,
+    "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": NAMED_HEADS,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
     "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
@@ -195,6 +196,8 @@ def rank_decisions(engine, head) -> dict:
                                     if hasattr(engine.optimizer, "ipg_buckets") else None)}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
+    # The kv-head count AutoTP read off the model's config (tp_shard.AutoTPMeta): proof the config reached it.
+    found["kv_heads"] = getattr(getattr(head, "tp_meta", None), "num_kv_heads", None)
     return found
 
 
@@ -490,6 +493,8 @@ class EngineHead(Subject):
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
         elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") == "comm_fp32":
             found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for
+        if values.get("model_config", "none") != "none":
+            found["kv_heads"] = text_kv_heads(values["model_config"])
         return found
 
     def requires(self, values):
@@ -517,8 +522,14 @@ class EngineHead(Subject):
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
     def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:
-        """The user's model, before DeepSpeed sees it: the same weights the reference starts from."""
-        return build_model(self.model_spec(values), self.training_spec(values).seed, dtype)
+        """The user's model, before DeepSpeed sees it: the same weights the reference starts from, and the
+        HF-style config the case's model_config axis names (DeepSpeed reads it; the numbers do not)."""
+        spec = self.model_spec(values)
+        model = build_model(spec, self.training_spec(values).seed, dtype)
+        config = hf_like_config(values.get("model_config", "none"), spec.vocab, spec.hidden, spec.tied)
+        if config is not None:
+            model.config = config
+        return model
 
     def forward(self, engine, batch: dict, num_items: int, spec):
         """One micro-batch through the engine -> (loss, logits). The reference model applies its
@@ -660,16 +671,21 @@ class VocabParallelHead(EngineHead):
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "ignore_index": None, "triton": None,
-            "dist_debug": None, "save": None, **SWITCH_AXES}
+    # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
+    # reads the head counts from (tp_shard.AutoTPMeta).
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
+            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):
             return super().run_rank(values, ctx)
 
     def tensor_parallel_config(self, values):
+        leaf = values["head"].split(".")[-1]
+        # A head with another name is a head only if the user says so (auto_tp._is_lm_head_name).
+        patterns = {} if leaf in ("lm_head", "embed_out") else {"lm_head_patterns": [leaf]}
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
-                "partition_config": {"use_default_specs": False, "layer_specs": [
+                "partition_config": {"use_default_specs": False, **patterns, "layer_specs": [
                     {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
 
     def claims(self, values):
@@ -690,7 +706,9 @@ class VocabParallelHead(EngineHead):
 def expected_ce_backend(values: dict) -> str:
     """Which CE must run, by DeepSpeed's documented gate (cross_entropy.py, _liger_can_run), computed
     from the suite's own partition: Liger only on a Triton-capable accelerator with equal shards;
-    anything else falls back to torch on every rank alike."""
+    anything else falls back to torch on every rank alike. Not from AutoTP's kv-head split: where that
+    makes a head's shards uneven that the near-even layout keeps equal, the torch fallback is part of a
+    known divergence (cases/deepspeed_heads.toml, model_config), not what the user asked for."""
     triton = values.get("device") == "cuda" or values.get("triton") == "claimed"
     if values["backend"] != "liger" or not triton:
         return "torch"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from parity.observe.observations import RankObservations
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
 from parity.subjects.plain_sgd import PlainSGD
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
@@ -36,7 +36,7 @@ from references.tiny_lm import build_model, capture_head_input_and_grad
 from references.trajectory import step_num_items, trainer_objective
 
 DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
-               "head": None, "ignore": None, "gas": None, "tp": None, "device": None}
+               "head": NAMED_HEADS, "ignore": None, "gas": None, "tp": None, "device": None}
 
 
 class DirectHead(Subject):

@@ -46,7 +46,7 @@ import torch
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
-from parity.subjects.base import Claims, RankContext, Subject, case_seed
+from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject, case_seed
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, engine_dtype_requirements, reset_deepspeed_state,
                                              setup_deepspeed)
 from parity.observe.dtypes import DTYPES
@@ -119,7 +119,7 @@ class InferenceHead(Subject):
     name = "inference_head"
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
-    axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": None, "tp": None,
+    axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": NAMED_HEADS, "tp": None,
             "grain": None, "device": None, "allreduce": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}

@@ -74,13 +74,16 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
-    axes = {**VocabParallelHead.axes, "head": ("lm_head",), **TIED_AXES, "process": None}
+    # head model.lm_head: with a config whose head count divides the vocabulary, AutoTP's kv-head split reaches a
+    # nested head (tp_shard.get_shard_size), and the tied embedding takes the head's layout.
+    axes = {**VocabParallelHead.axes, "head": ("lm_head", "model.lm_head"), **TIED_AXES, "process": None}
 
     def claims(self, values):
-        base = super().claims(values)
+        base, head = super().claims(values), values["head"]
         return dataclasses.replace(
             base, module_types={**base.module_types, "embed_tokens": "VocabParallelEmbedding"},
-            param_shards={"embed_tokens.weight": 0, "lm_head.bias": 0}, shared_params=SHARED)
+            param_shards={"embed_tokens.weight": 0, f"{head}.bias": 0},
+            shared_params=((f"{head}.weight", "embed_tokens.weight"),))
 
 
 SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead()]

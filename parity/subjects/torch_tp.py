@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
 from parity.subjects.plain_sgd import PlainSGD
 from references.trajectory import step_num_items, trainer_objective
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
 TORCH_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
-              "head": None, "ignore": None, "gas": None, "tp": None, "device": None}
+              "head": NAMED_HEADS, "ignore": None, "gas": None, "tp": None, "device": None}
 CLEAN_STATE = {"loss_parallel_handlers": []}
 
 
