@@ -26,7 +26,7 @@ FEATURES = {
 }
 # Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec.
 OTHER = {"liger_vocab_ce", "ds_vocab_ce", "ds_liger_ce", "ds_liger_no_group", "ds_fused_linear_ce", "ds_reject",
-         "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module",
+         "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module", "ds_vocab_seq_ce",
          "inference_head", "embed_spec_untied"}
 
 
