@@ -66,17 +66,41 @@ def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: st
     return loss * SCALAR_UPSTREAM
 
 
+def sequence_chunk(tokens: int, parts: int, index: int) -> slice:
+    """The contiguous rows of sequence chunk ``index`` of ``parts`` (equal chunks: an SP all-gather needs them)."""
+    if tokens % parts:
+        raise ValueError(f"{tokens} tokens do not split into {parts} equal sequence chunks")
+    size = tokens // parts
+    return slice(index * size, (index + 1) * size)
+
+
+def _put_sequence_chunks(traj: Trajectory, records: dict, tokens: int, parts: int, whole: tuple) -> None:
+    """Each record of the whole sequence, laid out per sequence chunk as the ranks hold it: chunk i's rows
+    at data-parallel slot i (a rank's SP index), the kinds in ``whole`` (a scalar loss, a gathered per-token
+    loss, a summed parameter gradient) whole at every slot. The numbers are the unsplit computation's."""
+    for index in range(parts):
+        rows = sequence_chunk(tokens, parts, index)
+        for kind, tensor in records.items():
+            traj.put(kind, 0, 0, index, None, tensor if kind in whole or tensor.dim() == 0 else tensor[rows])
+
+
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
                  reduction: str = "none", backward: str = "once", measure: str = "ce",
-                 label_smoothing: float = 0.0) -> Trajectory:
+                 label_smoothing: float = 0.0, sequence_parts: int = 1, gathered: bool = False) -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
     "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
     measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
     takes no targets; reduction "none"). label_smoothing: torch's F.cross_entropy semantics
-    (references/loss.py token_losses)."""
+    (references/loss.py token_losses).
+
+    sequence_parts: the records of the whole sequence (one loss over all its tokens, as a user without
+    sequence parallelism computes it) split into that many chunks of rows (_put_sequence_chunks);
+    gathered: the per-token loss stays whole (every chunk's rank holds the sequence's)."""
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if sequence_parts > 1 and backward != "once":
+        raise ValueError(f"sequence_parts {sequence_parts} needs backward 'once', got {backward!r}")
     logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
     if measure == "entropy":
@@ -89,16 +113,16 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
         (grad,) = torch.autograd.grad(objective, x, create_graph=True)
         v = hvp_direction(seed, tokens, vocab).to(grad.dtype)
         (hvp,) = torch.autograd.grad((grad * v).sum(), x)
-        traj.put("logits_hvp", 0, 0, 0, None, hvp)
     else:
         objective.backward(retain_graph=backward == "twice")
         if backward == "twice":
             objective.backward()
         grad = x.grad
-    traj.put("loss", 0, 0, 0, None, loss)
     traj.floor_dtypes["loss"] = loss.dtype  # float32 (token_losses upcasts) from the exact input logits
-    traj.put("logits_grad", 0, 0, 0, None, grad)
-    traj.put("logits_after", 0, 0, 0, None, logits)  # the input, as it was before the call
+    records = {"loss": loss, "logits_grad": grad, "logits_after": logits}  # logits_after: the input as given
+    if backward == "create_graph":
+        records["logits_hvp"] = hvp
+    _put_sequence_chunks(traj, records, tokens, sequence_parts, whole=("loss",) if gathered else ())
     return traj
 
 
@@ -118,9 +142,10 @@ def linear_ce_inputs(seed: int, tokens: int, vocab: int, hidden: int, bias: bool
 
 def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: bool, ignore: str,
                         case_dtype: torch.dtype, compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
-                        reduction: str = "mean") -> Trajectory:
+                        reduction: str = "mean", sequence_parts: int = 1) -> Trajectory:
     """CE of ``hidden @ weight.T + bias``: the product at the compute dtype (rounded there, like an
-    unfused head), then the softmax in float32 (float64 for the oracle)."""
+    unfused head), then the softmax in float32 (float64 for the oracle). sequence_parts: per-token records
+    split into chunks of rows as in ce_reference; the head's gradients whole (the full sequence's)."""
     h, w, b, targets, upstream = linear_ce_inputs(seed, tokens, vocab, hidden, bias, ignore, case_dtype,
                                                   ignore_index)
     dtype = compute_dtype or case_dtype
@@ -131,7 +156,6 @@ def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: b
     loss = reduce_losses(token_losses(logits, targets, ignore_index), targets, reduction, ignore_index)
     upstream_objective(loss, upstream, reduction).backward()
     traj = Trajectory()
-    traj.put("loss", 0, 0, 0, None, loss)
     # The loss is float32 (token_losses upcasts). Its one low-precision step is the logits' rounding,
     # each logit a dot product over the hidden size rounded once, wherever a run splits the vocabulary
     # or chunks the tokens: an independent per-element error that the reference's own error (and, on a
@@ -139,8 +163,8 @@ def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: b
     # (the softmax over vocabulary shards, the sum over tokens) is float32, so that is the floor's dtype.
     # With the case dtype's floor (16 bf16 units of the loss) a bf16 mean/sum loss hid a 6% scale.
     traj.floor_dtypes["loss"] = loss.dtype
-    traj.put("hidden_grad", 0, 0, 0, None, x.grad)
-    traj.put("weight_grad", 0, 0, 0, None, weight.grad)
+    records = {"loss": loss, "hidden_grad": x.grad, "weight_grad": weight.grad}
     if b_ is not None:
-        traj.put("bias_grad", 0, 0, 0, None, b_.grad)
+        records["bias_grad"] = b_.grad
+    _put_sequence_chunks(traj, records, tokens, sequence_parts, whole=("weight_grad", "bias_grad"))
     return traj

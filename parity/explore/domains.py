@@ -25,8 +25,9 @@ from parity.subjects import SUBJECTS
 #  dp 1..4 (world = tp * dp, capped by --max-world), gas 1..4 (the accumulation loop is the same
 #    code for every count above 2), grain 1..64 (64: init_inference's default), chunk 0..16 (a
 #    micro-batch has 12 tokens: 13..16 is "one chunk bigger than the input").
+#  sp 1..3 (world = tp * sp, capped by --max-world, drawn after tp as dp is).
 RANGES = {"vocab": (2, 300), "tp": (2, 8), "hidden": (2, 64), "dp": (1, 4), "gas": (1, 4), "grain": (1, 64),
-          "chunk": (0, 16)}
+          "chunk": (0, 16), "sp": (1, 3)}
 # Values the search does not draw, with why: they are documented refusals (expect.error entries
 # of the case files), not parity cases, so drawing them would only rediscover the refusal.
 HELD_AXES = {
@@ -59,6 +60,8 @@ HELD_AXES = {
     "model_config": ("none", "a config naming head counts is a fixed scenario (cases/deepspeed_heads.toml, "
                              "deepspeed_tied_heads.toml): on a nested or lm_head_patterns head, AutoTP's kv-head "
                              "split is a documented divergence wherever the count divides the vocabulary, not tp"),
+    "seq_gather": (False, "gather_sequence_loss through vocab_parallel_cross_entropy is a documented divergence at every "
+                          "sp > 1 (SP x the logits gradient: cases/deepspeed_ce.toml)"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }
@@ -94,7 +97,7 @@ def points(draw, subjects: list[str], max_world: int):
             lo, hi = RANGES[axis]
             if axis == "tp":
                 hi = min(hi, max_world)
-            elif axis == "dp":  # drawn after tp (every subject lists tp first): the world must fit
+            elif axis in ("dp", "sp"):  # drawn after tp (every subject lists tp first): the world must fit
                 lo, hi = 1, max(1, min(hi, max_world // values["tp"]))
             if allowed is None:
                 values[axis] = draw(st.integers(lo, hi))
@@ -110,6 +113,8 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
     subject = SUBJECTS[name]
     if subject.world_size(values) > max_world:
         return f"world {subject.world_size(values)} > --max-world {max_world}"
+    if subject.invalid(values):
+        return subject.invalid(values)
     claims = subject.claims(values)
     vocab_sharded = not claims.param_shards or 0 in claims.param_shards.values()
     if claims.split == "near_even" and vocab_sharded and min(shard_sizes(values["vocab"], values["tp"],

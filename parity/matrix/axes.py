@@ -76,6 +76,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("clip", (0.0, 0.05, 1.0), 0.0, lambda v: "noclip" if v == 0 else f"clip{v:g}",
          help="gradient_clipping (max global grad norm); 0 = off", quiet_default=True),
     Axis("dp", None, 1, lambda v: f"dp{v}", quiet_default=True),
+    Axis("sp", None, 1, lambda v: f"sp{v}", quiet_default=True,
+         help="loss-only subjects: sequence-parallel size; each rank holds its TP rank's vocabulary shard of its "
+              "SP rank's contiguous sequence chunk (world tp x sp; SP rank = rank // tp, the DP slot)"),
+    Axis("seq_gather", (False, True), False, _flag("gseq", "nogseq"), quiet_default=True,
+         help="loss-only subjects with sp: gather_sequence_loss, the per-token loss all-gathered over the SP "
+              "group (the whole sequence's on every rank) instead of the rank's own chunk"),
     Axis("device", ("cpu", "cuda"), "cpu", str),
     Axis("head_input", ("sequence", "flat"), "sequence", lambda v: {"sequence": "in_bth", "flat": "in_nh"}[v],
          help="hidden state reaching the head: sequence-shaped [B,T,H] or flattened [B*T,H]", quiet_default=True),

@@ -257,6 +257,9 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
             continue
         if onlys is not None and not any(_matches(r, values) for r in onlys):
             continue
+        problem = subject.invalid(values)
+        if problem:
+            raise CaseFileError(path, f"{where}.axes", f"{case_id(subject_name, values)}: {problem}")
         divergence = _merged(path, where, [d for rule, d in divergences if rule is None or _matches(rule, values)])
         cases.append(Case(id=case_id(subject_name, values), subject=subject_name, axes=tuple(values.items()),
                           expect=expect, source=f"{path}:{where}", divergence=divergence, collectives=declared,

@@ -28,7 +28,7 @@ FEATURES = {
 # DeepSpeed finds the head (spec_reach, preset_llama, heuristic_blocks: DeepSpeed's module selection, no other
 # framework has it).
 OTHER = {"liger_vocab_ce", "ds_vocab_ce", "ds_liger_ce", "ds_liger_no_group", "ds_fused_linear_ce", "ds_reject",
-         "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module",
+         "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module", "ds_vocab_seq_ce",
          "inference_head", "embed_spec_untied", "spec_reach", "preset_llama", "heuristic_blocks"}
 
 

@@ -41,12 +41,13 @@ T_COLUMN, T_VOCAB, T_ROW = "torch_column_gathered", "torch_vocab_parallel", "tor
 T_EMBED = "torch_vocab_embedding"
 DS_LOGPROBS, DS_ENTROPY = "ds_vocab_logprobs", "ds_vocab_entropy"
 DS_KL, DS_CE_MODULE = "ds_vocab_kl", "ds_vocab_ce_module"
+DS_SEQ_CE = "ds_vocab_seq_ce"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE)
+            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE)
 
 
 @dataclass(frozen=True)
@@ -586,6 +587,43 @@ def _ops_kl_backward_uncentred():
         return grad_student, grad_teacher, None, None
 
     return _swap(ops._VocabParallelKLDiv, "backward", staticmethod(ops.once_differentiable(backward)))
+
+
+def _sp_sum_local():
+    """_global_sp_sum returns the rank's own value: a sum over the sequence chunk, a chunk's sum over the
+    sequence's count for a mean. linear_cross_entropy imported the name, so both modules' are replaced."""
+    import importlib
+
+    ce, fused = _ce(), importlib.import_module("deepspeed.sequence.linear_cross_entropy")
+
+    def _global_sp_sum(local_value, sp_group):
+        return local_value
+
+    undo = [_swap(module, "_global_sp_sum", _global_sp_sum) for module in (ce, fused)]
+    return lambda: [u() for u in undo]
+
+
+def _seq_ce_sums_gradients():
+    ce = _ce()
+
+    def vocab_sequence_parallel_cross_entropy(vocab_parallel_logits, target, sp_group, tp_group=None,
+                                              vocab_start_index=None, vocab_end_index=None, ignore_index=-100,
+                                              reduction="none", gather_sequence_loss=True, backend="torch"):
+        if backend not in ("torch", "liger"):
+            raise ValueError(f"Unsupported vocabulary-parallel CE backend: {backend}")
+        if gather_sequence_loss and reduction != "none":
+            raise ValueError("gather_sequence_loss is only supported with reduction='none'")
+        if gather_sequence_loss and sp_group is None:
+            raise ValueError("sp_group is required when gather_sequence_loss=True")
+        loss = ce.vocab_parallel_cross_entropy(vocab_parallel_logits, target, tp_group=tp_group, sp_group=sp_group,
+                                               vocab_start_index=vocab_start_index, vocab_end_index=vocab_end_index,
+                                               ignore_index=ignore_index, reduction=reduction, backend=backend)
+        if not gather_sequence_loss:
+            return loss
+        # upstream passes sum_gradients=False (the legacy local slice): here the reduce-scatter
+        return ce._GatherSequenceLoss.apply(loss, sp_group, True)
+
+    return _swap(ce, "vocab_sequence_parallel_cross_entropy", vocab_sequence_parallel_cross_entropy)
 
 
 def _ce_module_drops_ignore_index():
@@ -1178,6 +1216,16 @@ MUTANTS = [
            "instead of p_A (log p_A - log p_B - KL)",
            "deepspeed.sequence.vocab_parallel_ops._VocabParallelKLDiv.backward", "student_grad / teacher_grad",
            (DS_KL,), _ops_kl_backward_uncentred),
+    Mutant("ce_sp_sum_local",
+           "_global_sp_sum skips the SP all-reduce: with sp_group a rank's loss is its chunk's sum (or, for a mean, "
+           "its chunk's sum over the sequence's count)",
+           "deepspeed.sequence.cross_entropy._global_sp_sum", "loss (sp 2)", (DS_CE, DS_SEQ_CE, FUSED_CE),
+           _sp_sum_local),
+    Mutant("seq_ce_gather_sums_gradients",
+           "vocab_sequence_parallel_cross_entropy gathers the per-token loss with sum_gradients=True (the "
+           "reduce-scatter of vocab_parallel_cross_entropy's gather) instead of the legacy local slice",
+           "deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy", "logits_grad", (DS_SEQ_CE,),
+           _seq_ce_sums_gradients),
     Mutant("ce_module_drops_ignore_index",
            "VocabParallelCrossEntropyLoss.forward does not pass its ignore_index on: the function's default -100",
            "deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss.forward", "loss", (DS_CE_MODULE,),

@@ -82,11 +82,17 @@ SELECTION = {
         "ds_vocab_ce-fp32-mean-v35-ign_scattered-tp2-cpu",
         "ds_vocab_ce-bf16-none-v269-ign_scattered-tp2-cpu",
         "ds_vocab_ce-bf16-mean-v35-ign_scattered-tp2-cpu",  # a low-precision reduction (precision-only mutants)
+        "ds_vocab_ce-fp32-mean-v32-ign_scattered-tp2-sp2-cpu",  # TP x SP (world 4): the SP reductions
+    ],
+    catalog.DS_SEQ_CE: [
+        "ds_vocab_seq_ce-fp32-none-v32-ign_scattered-tp2-sp2-gseq-cpu",
+        "ds_vocab_seq_ce-bf16-mean-v35-ign_scattered-tp2-sp2-cpu",
     ],
     catalog.FUSED_CE: [
         "ds_fused_linear_ce-fp32-sum-v36-bias-chunk5-ign_scattered-tp2-cpu",
         "ds_fused_linear_ce-bf16-mean-v35-nobias-chunk5-ign_scattered-tp2-cpu",
         "ds_fused_linear_ce-bf16-none-v35-bias-chunk5-ign_scattered-tp2-cpu",  # per-token losses as handed back
+        "ds_fused_linear_ce-fp32-mean-v36-bias-ign_scattered-tp2-sp2-cpu",  # TP x SP (world 4): the SP reductions
     ],
     catalog.LIGER_CE: [
         "liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu",

@@ -15,7 +15,8 @@ import sys
 from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
 from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
                                          DeepSpeedVocabParallelCE, DeepSpeedVocabParallelCEModule,
-                                         DeepSpeedVocabParallelEntropy, DeepSpeedVocabParallelLogProbs)
+                                         DeepSpeedVocabParallelEntropy, DeepSpeedVocabParallelLogProbs,
+                                         DeepSpeedVocabSequenceParallelCE)
 from parity.subjects.deepspeed_kl import DeepSpeedVocabParallelKL
 from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
 from parity.subjects.deepspeed_embed_spec import EmbeddingSpecHead
@@ -35,7 +36,7 @@ from parity.subjects.torch_tp import (TorchColumnGatheredHead, TorchRowParallelH
 SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
                                 DeepSpeedFusedLinearCE(), DeepSpeedVocabParallelLogProbs(), DeepSpeedVocabParallelEntropy(),
-                                DeepSpeedVocabParallelKL(), DeepSpeedVocabParallelCEModule(),
+                                DeepSpeedVocabParallelKL(), DeepSpeedVocabParallelCEModule(), DeepSpeedVocabSequenceParallelCE(),
                                 TiedRowParallelHead(), TiedVocabParallelHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),

@@ -95,7 +95,12 @@ class Subject(ABC):
     refuses_uneven_vocab: str = ""
 
     def world_size(self, values: dict) -> int:
-        return values.get("tp", 1) * values.get("dp", 1)
+        return values.get("tp", 1) * values.get("dp", 1) * values.get("sp", 1)
+
+    def invalid(self, values: dict) -> str | None:
+        """Why these axis values make no case of this subject (a case file naming them is refused with it), or
+        None. For combinations the axes' domains alone cannot rule out."""
+        return None
 
     def decided(self, values: dict) -> dict:
         """Beyond the mesh formulas, what this case's configuration must make the framework decide on

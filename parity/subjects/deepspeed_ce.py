@@ -21,9 +21,9 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import claimed_triton, record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, sp_group, tp_group
 from parity.observe.dtypes import DTYPES
-from references.cross_entropy import linear_ce_inputs, linear_ce_reference, upstream_objective
+from references.cross_entropy import linear_ce_inputs, linear_ce_reference, sequence_chunk, upstream_objective
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
@@ -48,20 +48,55 @@ def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
     return part, part.start, part.stop
 
 
+def sequence_group(ctx, values):
+    """The sp_group a case passes: None without sequence parallelism (DeepSpeed's default), else this rank's."""
+    return sp_group(ctx, values["tp"], values["sp"]) if values.get("sp", 1) > 1 else None
+
+
 class DeepSpeedVocabParallelCE(LogitsCE):
+    """With ``sp`` > 1 (TP x SP: each rank holds its vocabulary shard of its sequence chunk) the call gets the
+    SP group and ``gather_sequence_loss`` (the ``seq_gather`` axis). What a user must get is the loss over the
+    whole sequence's tokens: sum / mean over every chunk's non-ignored targets on every rank (not a chunk's own,
+    nor a mean of chunk means), per-token losses of the rank's chunk, or with ``seq_gather`` the whole sequence's;
+    and, backpropagating that on every rank, the gradient of its logits block."""
+
     name = "ds_vocab_ce"
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "device": None, "backward": None, "global_vocab": None, "targets": None}
+            "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
 
         setup_deepspeed(ctx)
-        return vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
-                                            vocab_end_index=part.stop, global_vocab_size=global_vocab_size(values),
-                                            ignore_index=IGNORE_INDEX, reduction=values["reduction"], backend="torch")
+        return vocab_parallel_cross_entropy(local, targets, tp_group=group, sp_group=sequence_group(ctx, values),
+                                            vocab_start_index=part.start, vocab_end_index=part.stop,
+                                            global_vocab_size=global_vocab_size(values), ignore_index=IGNORE_INDEX,
+                                            reduction=values["reduction"],
+                                            gather_sequence_loss=values.get("seq_gather", False), backend="torch")
+
+
+class DeepSpeedVocabSequenceParallelCE(LogitsCE):
+    """deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy, the sequence-parallel wrapper
+    ("preserving the legacy local-slice gradient"), on TP x SP blocks; held to what ds_vocab_ce's SP cases are.
+    Its own defaults (reduction "none", gather_sequence_loss True) are the cases' defaults."""
+
+    name = "ds_vocab_seq_ce"
+    description = ("deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy on the vocabulary shard "
+                   "of a sequence chunk")
+    axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
+            "sp": None, "seq_gather": None, "device": None}
+    defaults = {"reduction": "none", "seq_gather": True}
+
+    def loss(self, values, ctx, local, targets, group, part, obs):
+        from deepspeed.sequence.cross_entropy import vocab_sequence_parallel_cross_entropy
+
+        setup_deepspeed(ctx)
+        return vocab_sequence_parallel_cross_entropy(local, targets, sequence_group(ctx, values), tp_group=group,
+                                                     vocab_start_index=part.start, vocab_end_index=part.stop,
+                                                     ignore_index=IGNORE_INDEX, reduction=values["reduction"],
+                                                     gather_sequence_loss=values["seq_gather"], backend="torch")
 
 
 class DeepSpeedVocabParallelCEModule(LogitsCE):
@@ -246,7 +281,11 @@ class DeepSpeedFusedLinearCE(Subject):
     description = ("deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy on the head's "
                    "vocabulary rows against an unfused linear + CE")
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "bias": None, "chunk": None,
-            "ignore": None, "tp": None, "device": None}
+            "ignore": None, "tp": None, "sp": None, "device": None}
+
+    def invalid(self, values):
+        sp = values.get("sp", 1)
+        return f"sp {sp} does not split the {FUSED_TOKENS} tokens into equal chunks" if FUSED_TOKENS % sp else None
 
     def claims(self, values):
         records = {"loss": None, "hidden_grad": None, "weight_grad": 0}
@@ -267,7 +306,7 @@ class DeepSpeedFusedLinearCE(Subject):
         return linear_ce_reference(case_seed(SEED, values), FUSED_TOKENS, values["vocab"], HIDDEN, values["bias"],
                                    values["ignore"],
                                    DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX,
-                                   reduction=values["reduction"])
+                                   reduction=values["reduction"], sequence_parts=values.get("sp", 1))
 
     def run_rank(self, values, ctx):
         from deepspeed.sequence.linear_cross_entropy import vocab_parallel_linear_cross_entropy
@@ -280,15 +319,28 @@ class DeepSpeedFusedLinearCE(Subject):
         h, w, b, targets, upstream = linear_ce_inputs(case_seed(SEED, values), FUSED_TOKENS, vocab, HIDDEN, values["bias"],
                                                       values["ignore"],
                                                       DTYPES[values["dtype"]], IGNORE_INDEX)
+        # Sequence parallelism: this rank's chunk of the tokens (dp_rank is its SP rank), the head replicated.
+        rows = sequence_chunk(FUSED_TOKENS, values.get("sp", 1), dp_rank)
+        h, targets, upstream = h[rows], targets[rows], upstream[rows]
         hidden = h.to(ctx.device).requires_grad_(True)
         weight = w[part].to(ctx.device).contiguous().requires_grad_(True)
         bias = None if b is None else b[part].to(ctx.device).contiguous().requires_grad_(True)
         with collectives.recording() as counts:
             loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
-                                                       tp_group=group, vocab_start_index=start, vocab_end_index=end,
+                                                       tp_group=group, sp_group=sequence_group(ctx, values),
+                                                       vocab_start_index=start, vocab_end_index=end,
                                                        ignore_index=IGNORE_INDEX, reduction=reduction,
                                                        chunk_size=values["chunk"] or None)
             upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
+        if values.get("sp", 1) > 1:
+            # The head is replicated over the SP ranks and each one's gradient covers its own tokens only: what
+            # a training loop applies to such a parameter is their sum (DeepSpeed's engine: the sequence-data-
+            # parallel all-reduce divided by the DP size alone, engine.py:3884), done here as the user's step.
+            import torch.distributed as dist
+
+            for param in (weight, bias):
+                if param is not None:
+                    dist.all_reduce(param.grad, group=sequence_group(ctx, values))
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)

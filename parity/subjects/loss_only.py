@@ -14,7 +14,7 @@ from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, RankContext, Subject, case_seed
 from parity.subjects.loss_backward import differentiate
 from parity.observe.dtypes import DTYPES
-from references.cross_entropy import ce_inputs, ce_reference, upstream_objective
+from references.cross_entropy import ce_inputs, ce_reference, sequence_chunk, upstream_objective
 from references.trajectory import TrainingSpec
 
 SEED, TOKENS, IGNORE_INDEX = 4321, 24, -100
@@ -29,6 +29,18 @@ def tp_group(ctx: RankContext, tp: int):
         made = [dist.new_group(list(range(start, start + tp))) for start in range(0, ctx.world_size, tp)]
         groups[tp] = made[ctx.rank // tp]
     return groups[tp]
+
+
+def sp_group(ctx: RankContext, tp: int, sp: int):
+    """This rank's sequence-parallel group: the ranks of its TP rank in every TP group (rank // tp is its SP
+    rank, the DP slot of the mesh), one group per TP rank, all made on every rank in the same order."""
+    import torch.distributed as dist
+
+    groups = ctx.state.setdefault("plain_sp_groups", {})
+    if (tp, sp) not in groups:
+        made = [dist.new_group([tp_rank + tp * k for k in range(sp)]) for tp_rank in range(tp)]
+        groups[(tp, sp)] = made[ctx.rank % tp]
+    return groups[(tp, sp)]
 
 
 class LogitsCE(Subject):
@@ -53,7 +65,18 @@ class LogitsCE(Subject):
                             DTYPES[values["dtype"]], compute_dtype,
                             self.ignore_index(values), reduction=values.get("reduction", "none"),
                             backward=values.get("backward", "once"), measure=self.measure,
-                            label_smoothing=values.get("label_smoothing", 0.0))
+                            label_smoothing=values.get("label_smoothing", 0.0), sequence_parts=values.get("sp", 1),
+                            gathered=values.get("seq_gather", False))
+
+    def invalid(self, values):
+        sp = values.get("sp", 1)
+        if sp > 1 and TOKENS % sp:
+            return f"sp {sp} does not split the {TOKENS} tokens into equal chunks"
+        if sp > 1 and values.get("backward", "once") != "once":
+            return "sp > 1 takes backward 'once' only"
+        if values.get("seq_gather", False) and (sp == 1 or values.get("reduction", "none") != "none"):
+            return "seq_gather needs sp > 1 and reduction 'none' (gather_sequence_loss gathers per-token losses)"
+        return None
 
     def ignore_index(self, values) -> int:
         """The target id this case ignores: the ``ignore_index`` axis where a subject declares it, else -100."""
@@ -77,6 +100,12 @@ class LogitsCE(Subject):
                                               self.ignore_index(values))
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
+        # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered
+        # per-token loss is the whole sequence's, so the user weights it with the whole upstream.
+        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank)
+        logits, targets = logits[rows], targets[rows]
+        if not values.get("seq_gather", False):
+            upstream = upstream[rows]
         local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         with collectives.recording() as counts:

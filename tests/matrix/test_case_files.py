@@ -45,7 +45,23 @@ def test_markers_and_world_size(tmp_path):
     assert case.world_size == 2
 
 
+def test_sp_multiplies_the_world_and_names_the_case(tmp_path):
+    text = '[[matrix]]\nsubject = "ds_vocab_ce"\n[matrix.axes]\ntp = [2]\nsp = [1, 3]\nseq_gather = [false]\n'
+    one, three = load_file(write(tmp_path, text))
+    assert (one.world_size, three.world_size) == (2, 6)
+    assert "-sp" not in one.id and "-tp2-sp3-" in three.id and "world6" in three.markers
+
+
 @pytest.mark.parametrize("text,key,fragment,allowed", [
+    # combinations the axes' domains allow but the subject cannot run (Subject.invalid)
+    ('[[matrix]]\nsubject = "ds_vocab_ce"\n[matrix.axes]\nseq_gather = [true]\n', "matrix[0].axes",
+     "seq_gather needs sp > 1 and reduction 'none'", None),
+    ('[[matrix]]\nsubject = "ds_vocab_ce"\n[matrix.axes]\nreduction = ["mean"]\nsp = [2]\nseq_gather = [true]\n',
+     "matrix[0].axes", "seq_gather needs sp > 1 and reduction 'none'", None),
+    ('[[matrix]]\nsubject = "ds_vocab_ce"\n[matrix.axes]\nsp = [5]\n', "matrix[0].axes",
+     "sp 5 does not split the 24 tokens", None),
+    ('[[matrix]]\nsubject = "ds_fused_linear_ce"\n[matrix.axes]\nsp = [3]\n', "matrix[0].axes",
+     "sp 3 does not split the 40 tokens", None),
     ('[[matrix]]\nsubject = "megatron"\n', "matrix[0].subject", "unknown subject 'megatron'", "vocab_parallel"),
     ('[[matrix]]\nsubject = "vocab_parallel"\n[matrix.axes]\nflavour = [1]\n', "matrix[0].axes.flavour",
      "unknown axis", "dtype"),

@@ -190,3 +190,31 @@ def test_autocast_reference_is_a_plain_amp_loop_with_bf16_floors():
     err = (amp.get("logits", 0, 0, 0, None) - exact.get("logits", 0, 0, 0, None)).abs().max()
     size = exact.get("logits", 0, 0, 0, None).abs().max()
     assert 2**-24 * size < err <= 4 * 2**-8 * size
+
+
+@pytest.mark.parametrize("reduction,gathered", [("none", False), ("none", True), ("mean", False)])
+def test_sequence_chunks_are_the_whole_sequences_records_split_by_rows(reduction, gathered):
+    from references.cross_entropy import ce_reference
+
+    whole = ce_reference(7, 24, 10, "scattered", torch.float32, reduction=reduction)
+    split = ce_reference(7, 24, 10, "scattered", torch.float32, reduction=reduction, sequence_parts=3,
+                         gathered=gathered)
+    for kind in ("loss", "logits_grad", "logits_after"):
+        want = whole.get(kind, 0, 0, 0, None)
+        chunks = [split.get(kind, 0, 0, part, None) for part in range(3)]
+        if want.dim() == 0 or (kind == "loss" and gathered):  # a scalar, or the gathered loss: whole on every rank
+            assert all(torch.equal(chunk, want) for chunk in chunks)
+        else:
+            assert all(chunk.shape[0] == 8 for chunk in chunks) and torch.equal(torch.cat(chunks), want)
+
+
+def test_linear_sequence_chunks_keep_the_head_gradients_whole():
+    from references.cross_entropy import linear_ce_reference
+
+    whole = linear_ce_reference(7, 40, 10, 4, True, "scattered", torch.float32)
+    split = linear_ce_reference(7, 40, 10, 4, True, "scattered", torch.float32, sequence_parts=2)
+    for part in range(2):
+        for kind in ("loss", "weight_grad", "bias_grad"):
+            assert torch.equal(split.get(kind, 0, 0, part, None), whole.get(kind, 0, 0, 0, None))
+    assert torch.equal(torch.cat([split.get("hidden_grad", 0, 0, p, None) for p in range(2)]),
+                       whole.get("hidden_grad", 0, 0, 0, None))

@@ -101,7 +101,7 @@ def test_claims_name_sharded_records():
 
 def test_case_file_covers_uneven_vocab_reductions_and_chunks():
     cases = load_file(CASE_FILE)
-    assert 100 <= len(cases) <= 300  # 261 since the vocab-parallel ops' 59 cases; 282 with ds_vocab_kl / ds_vocab_ce_module; 294 with the 12 global_vocab ones
+    assert 100 <= len(cases) <= 400  # 261 since the vocab-parallel ops' 59 cases; 282 with ds_vocab_kl / ds_vocab_ce_module; 294 with the 12 global_vocab ones; 333 with the 39 TP x SP ones
     for name in ("ds_vocab_ce", "ds_fused_linear_ce"):
         mine = [c for c in cases if c.subject == name]
         assert {c["reduction"] for c in mine} == {"none", "sum", "mean"}
@@ -109,6 +109,11 @@ def test_case_file_covers_uneven_vocab_reductions_and_chunks():
         assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) > 1 for c in mine)  # uneven
         assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) == 1 for c in mine)  # even
     assert {c["chunk"] for c in cases if c.subject == "ds_fused_linear_ce"} == {0, 5}
+    for name in ("ds_vocab_ce", "ds_vocab_seq_ce", "ds_fused_linear_ce"):  # TP x SP, the SP-global reductions
+        sequence_parallel = [c for c in cases if c.subject == name and c["sp"] > 1]
+        assert {c["reduction"] for c in sequence_parallel} >= {"none", "mean"}
+        assert {c["dtype"] for c in sequence_parallel} == {"fp32", "bf16"}
+    assert {c["seq_gather"] for c in cases if c.subject in ("ds_vocab_ce", "ds_vocab_seq_ce")} == {False, True}
 
 
 def test_chunk_axis_leaves_other_subjects_ids_alone():
@@ -131,19 +136,19 @@ def _observations(subject, values, plant=None, reference=None):
     claims = subject.claims(values)
     tp = values["tp"]
     obs = {}
-    for rank in range(tp):
-        o = RankObservations(rank, rank, 0)
+    for rank in range(tp * values.get("sp", 1)):
+        o = RankObservations(rank, rank % tp, rank // tp)  # the SP rank in the DP slot, as the ranks report it
         o.facts["state_at_start"] = subject.clean_state
         for kind, dim in claims.micro_records.items():
-            full = reference.get(kind, 0, 0, 0, None).numpy().copy()
+            full = reference.get(kind, 0, 0, o.dp_rank, None).numpy().copy()
             if plant:
                 full = plant(kind, full)
             if dim is not None:
                 index = [slice(None)] * full.ndim
-                index[dim] = shard_slice(full.shape[dim], tp, rank)
+                index[dim] = shard_slice(full.shape[dim], tp, o.tp_rank)
                 full = full[tuple(index)]
             o.tensors[(kind, 0, 0, None)] = full
-            o.dtypes[(kind, 0, 0, None)] = reference.layouts[(kind, 0, 0, 0, None)][0]  # a faithful dtype too
+            o.dtypes[(kind, 0, 0, None)] = reference.layouts[(kind, 0, 0, o.dp_rank, None)][0]  # a faithful dtype too
         obs[rank] = o
     return obs
 
@@ -157,7 +162,14 @@ FUSED = {"dtype": "bf16", "reduction": "mean", "vocab": 35, "bias": True, "chunk
 VOCAB = {"dtype": "fp16", "reduction": "sum", "vocab": 269, "ignore": "scattered", "tp": 3, "device": "cpu"}
 
 
-@pytest.mark.parametrize("name,values", [("ds_fused_linear_ce", FUSED), ("ds_vocab_ce", VOCAB)])
+SEQUENCE = {"dtype": "fp32", "reduction": "mean", "vocab": 32, "ignore": "scattered", "tp": 2, "sp": 2, "device": "cpu"}
+FUSED_SEQUENCE = {**FUSED, "tp": 2, "sp": 2, "chunk": 0}
+
+
+@pytest.mark.parametrize("name,values", [("ds_fused_linear_ce", FUSED), ("ds_vocab_ce", VOCAB),
+                                         ("ds_vocab_ce", SEQUENCE), ("ds_vocab_ce", {**SEQUENCE, "reduction": "none"}),
+                                         ("ds_vocab_ce", {**SEQUENCE, "reduction": "none", "seq_gather": True}),
+                                         ("ds_fused_linear_ce", FUSED_SEQUENCE)])
 def test_faithful_observations_pass(name, values):
     subject = SUBJECTS[name]
     assert _failed(subject, values, _observations(subject, values)) == []
@@ -269,3 +281,25 @@ def test_new_case_entries_carry_their_axes():
             "ds_liger_ce-fp32-v35-ign_scattered-tp2-cpu-gvs_over-triton_claimed"} <= ids
     liger_ids = {case_id(c.subject, c.values) for c in load_file(CASE_FILE.parent / "liger_ce.toml")}
     assert "liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu-ls0.1-lsf_megatron-lsm_partition" in liger_ids
+
+
+def test_a_mean_of_the_sequence_chunks_means_is_caught():
+    """The mistake SP makes easy: each chunk's own mean, averaged over the chunks (7 and 10 of the 12 targets
+    of vocab 32's chunks count), instead of the mean over the sequence's tokens."""
+    subject = SUBJECTS["ds_vocab_ce"]
+    logits, targets, _ = ce_inputs(4321, 24, 32, "scattered", torch.float32)
+    per_token = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    chunk_means = [per_token[rows].sum() / (targets[rows] != -100).sum() for rows in (slice(0, 12), slice(12, 24))]
+    mean_of_means = float(sum(chunk_means) / 2)
+    obs = _observations(subject, SEQUENCE, lambda k, a: np.asarray(mean_of_means) if k == "loss" else a)
+    assert "loss" in _failed(subject, SEQUENCE, obs)
+
+
+def test_sequence_chunks_on_the_wrong_sp_ranks_are_caught():
+    subject, values = SUBJECTS["ds_vocab_ce"], {**SEQUENCE, "reduction": "none"}
+    obs = _observations(subject, values)
+    for tp_rank in range(2):  # ranks tp_rank (SP 0) and tp_rank + 2 (SP 1) swap their rows
+        first, second = obs[tp_rank].tensors, obs[tp_rank + 2].tensors
+        key = ("logits_grad", 0, 0, None)
+        first[key], second[key] = second[key], first[key]
+    assert "logits_grad" in _failed(subject, values, obs)
