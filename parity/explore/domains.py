@@ -52,6 +52,8 @@ HELD_AXES = {
                      "and an empty shard by the case files"),
     "autocast": ("off", "torch_autocast is a fixed scenario on fp32 models (cases/deepspeed_heads.toml): with a bias "
                         "its TP heads return fp32 logits at every point, a documented divergence"),
+    "model_init": ("plain", "the user's entry points are fixed scenarios (cases/deepspeed_heads.toml): zero_init needs "
+                            "ZeRO 3, and zero_init_dtype is a documented divergence on a CPU without fp16"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

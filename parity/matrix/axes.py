@@ -185,6 +185,14 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
               "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "
               "reference is torch.optim.SGD on the bf16 parameters themselves (column_gathered, vocab_parallel)"),
+    Axis("model_init", ("plain", "tp_model_init", "zero_init", "zero_init_dtype"), "plain", lambda v: f"init_{v}", quiet_default=True,
+         help="how the user's model reaches deepspeed.initialize: plain (built, then handed over with the config's "
+              "autotp_size); tp_model_init (deepspeed.tp_model_init(model, tp_size, dtype) without tp_group, and a "
+              "config whose tensor_parallel section leaves autotp_size out for DeepSpeed's merge to fill); zero_init "
+              "(zero = 3 only: built under deepspeed.zero.Init, the pretrained weights loaded under "
+              "GatheredParameters(modifier_rank=0), as from_pretrained does); zero_init_dtype (as zero_init, with the case's "
+              "dtype also passed to zero.Init(dtype=)) (column_gathered, vocab_parallel, "
+              "tied_vocab_parallel)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),
