@@ -3,7 +3,7 @@
 A user calls deepspeed.tp_model_init(model, tp_size=2, dtype=torch.bfloat16) and then deepspeed.initialize with a
 config that enables neither bf16 nor fp16. tp_model_init's docstring lists dtype among the fields whose mismatch
 raises ("Error on mismatch: autotp_size, dtype, tp_group size or identity"), and a bf16 config told float32 does
-raise ("Conflicting dtype"). But merge_tp_model_init_into_config (runtime/tensor_parallel/init_utils.py:120-122)
+raise ("Conflicting dtype"). But merge_tp_model_init_into_config (runtime/tensor_parallel/init_utils.py:130-132)
 compares only with the dtype infer_config_dtype finds, which is None unless bf16 or fp16 is enabled (69-76): the
 float32 config is accepted, the dtype asked for is dropped, and the model trains in float32 without a word.
 
