@@ -45,6 +45,7 @@ REJECTIONS = (
     "strict_unmatched_proj", "strict_unmatched_head",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",
+    "compile_autotp_eager_column", "compile_autotp_row_head",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",

@@ -154,6 +154,9 @@ class EngineVariant:
     # the config's autotp_size is tp * autotp_factor. An accepted initialize reports the dtype the head trains in.
     tp_model_init: str = ""
     autotp_factor: int = 1
+    # DeepCompile's autotp pass in the config: after an accepted initialize the user calls engine.compile() and the
+    # first forward runs eagerly (compilation disabled, as TORCH_COMPILE_DISABLE=1 does); that forward must refuse.
+    compile_eager: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,9 @@ ENGINE_VARIANTS = {
     "tp_model_init_dtype_conflict": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="fp32",
                                                   values={"dtype": "bf16"}),
     "tp_model_init_dtype_unchecked": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="bf16"),
+    # DeepCompile's autotp pass with a head its deferred collectives need compiled (column) or cannot serve (row)
+    "compile_autotp_eager_column": EngineVariant(_specs(COLUMN_GATHERED), compile_eager=True),
+    "compile_autotp_row_head": EngineVariant(_specs(ROW_HEAD), compile_eager=True),
 }
 
 CE_VARIANTS = {
@@ -349,6 +355,8 @@ class DeepSpeedRejection(Subject):
         spec, train = self.model_spec(values), self.training_spec(values)
         model = variant.build(spec).to(ctx.device)
         config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32", **variant.values}, train)
+        if variant.compile_eager:
+            config["compile"] = {"deepcompile": True, "passes": ["autotp"]}
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
         if variant.tp_model_init:
@@ -383,11 +391,33 @@ class DeepSpeedRejection(Subject):
                     _, logits = engine(input_ids=ids.to(ctx.device))
                 raise AssertionError(f"accepted: the model got logits of shape {tuple(logits.shape)} for a "
                                      f"vocabulary of {spec.vocab} ({type(engine.module.lm_head).__name__})")
+            if variant.compile_eager:
+                self._eager_after_compile(engine, model, spec, ctx)
             if variant.tp_model_init:
                 raise AssertionError(f"accepted: tp_model_init(dtype={DTYPES[variant.tp_model_init]}), the engine "
                                      f"trains lm_head in {engine.module.lm_head.weight.dtype}")
         finally:
             engine.destroy()
+
+    def _eager_after_compile(self, engine, model, spec, ctx):
+        """engine.compile() hands the TP layers' collectives to the autotp pass (defer_collectives_to_compiler);
+        a forward that then runs eagerly would drop them, so it must raise. The state is taken after compile():
+        what the refused forward leaves is the question."""
+        import torch._dynamo
+
+        engine.compile()
+        before = _engine_state(model)
+        ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
+        saved, torch._dynamo.config.disable = torch._dynamo.config.disable, True
+        try:
+            _, logits = engine(input_ids=ids.to(ctx.device))
+        except Exception as exc:
+            exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
+            raise
+        finally:
+            torch._dynamo.config.disable = saved
+        raise AssertionError(f"accepted: the eager forward after engine.compile() returned logits of shape "
+                             f"{tuple(logits.shape)} ({type(engine.module.lm_head).__name__})")
 
     def _probe_user_groups(self, engine, model, spec, ctx, user_tp, dp, before):
         """Accepted: say which groups this rank's engine took, and what the user's first step (one batch
