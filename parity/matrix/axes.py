@@ -195,6 +195,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "GatheredParameters(modifier_rank=0), as from_pretrained does); zero_init_dtype (as zero_init, with the case's "
               "dtype also passed to zero.Init(dtype=)) (column_gathered, vocab_parallel, "
               "tied_vocab_parallel)"),
+    Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
+         help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
+              "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

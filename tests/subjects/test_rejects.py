@@ -56,3 +56,10 @@ def test_reset_clears_tp_model_init_record():
         assert reset_deepspeed_state() == CLEAN_STATE
     finally:
         init_utils._TP_MODEL_INIT_ARGS = None
+
+
+def test_inference_tp_source_is_quiet_and_its_mpu_cases_are_the_documented_divergence():
+    assert AXES["tp_source"].quiet_default and AXES["tp_source"].default == "tp_size"
+    assert [n for n, s in SUBJECTS.items() if "tp_source" in s.axes] == ["inference_head"]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("tp_source") == "mpu"]
+    assert cases and all(c.divergence.repro == "ci/repro/deepspeed_inference_user_tp_group_ignored.py" for c in cases)
