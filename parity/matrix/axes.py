@@ -194,7 +194,8 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "(zero = 3 only: built under deepspeed.zero.Init, the pretrained weights loaded under "
               "GatheredParameters(modifier_rank=0), as from_pretrained does); zero_init_dtype (as zero_init, with the case's "
               "dtype also passed to zero.Init(dtype=)) (column_gathered, vocab_parallel, "
-              "tied_vocab_parallel)"),
+              "tied_vocab_parallel; plain and tp_model_init on hf_plan_column and hf_plan_tied, whose config then has "
+              "no tensor_parallel section at all)"),
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),

@@ -531,7 +531,8 @@ class EngineHead(Subject):
 
     def user_model(self, values: dict, ctx: RankContext, config: dict) -> torch.nn.Module:
         """The model as the user hands it to deepspeed.initialize (model_init). tp_model_init takes autotp_size out
-        of ``config`` (in place), as a user who states it once would."""
+        of ``config`` (in place), as a user who states it once would, and the whole section where nothing else in it
+        differs from DeepSpeed's defaults (the HF tp_plan subjects)."""
         import deepspeed
 
         how, dtype = values.get("model_init", "plain"), DTYPES[values["dtype"]]
@@ -539,7 +540,10 @@ class EngineHead(Subject):
             return self.zero_init_model(values, config, dtype, explicit_dtype=how == "zero_init_dtype")
         model = self.build(values, dtype).to(ctx.device)
         if how == "tp_model_init":
-            del config["tensor_parallel"]["autotp_size"]
+            section = config["tensor_parallel"]
+            del section["autotp_size"]
+            if section == {"tp": {"tp_grain_size": 1}}:  # DeepSpeed's defaults: such a user writes no section at all
+                del config["tensor_parallel"]
             deepspeed.tp_model_init(model, tp_size=values["tp"], dtype=dtype)
         return model
 
