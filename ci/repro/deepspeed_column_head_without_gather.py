@@ -10,6 +10,10 @@ vocabulary: an HF loss fails on the shape, argmax silently picks a per-rank toke
 the full-vocabulary argmax on a fraction of the tokens). The fix would be a refusal (or a gather);
 the vocabulary-parallel path is `vocab_parallel_lm_head: true`.
 
+The same head comes from a HuggingFace tp_plan that gives lm_head the plain "colwise" style (no
+partition_config: the engine converts the model's plan, tp_plan_converter.py:58-60 sets gather_output
+only for colwise_rep / colwise_gather_output). Both routes are run here.
+
 Run (CPU, about 15 s):  python ci/repro/deepspeed_column_head_without_gather.py
 Exit status 1 while the engine returns logits narrower than the vocabulary, 0 once it refuses the spec
 or returns full logits.
@@ -38,44 +42,51 @@ class Tiny(torch.nn.Module):
         return self.lm_head(torch.tanh(self.proj(self.embed_tokens(ids))))
 
 
+SPEC = {"autotp_size": TP, "partition_config": {"use_default_specs": False, "layer_specs": [
+    {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
+    {"patterns": [r"lm_head\.weight$"], "partition_type": "column"}]}}
+ROUTES = {"partition_config column spec": (SPEC, None),
+          'HF tp_plan {"lm_head": "colwise"}': ({"autotp_size": TP}, {"lm_head": "colwise"})}
+
+
 def rank_main(rank, result):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a 60 s JIT build
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
-    model = Tiny()
-    plain = copy.deepcopy(model)
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-              "zero_optimization": {"stage": 0}, "steps_per_print": 10**9,
-              "tensor_parallel": {"autotp_size": TP, "partition_config": {"use_default_specs": False, "layer_specs": [
-                  {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
-                  {"patterns": [r"lm_head\.weight$"], "partition_type": "column"}]}}}
-    try:
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          optimizer=lambda p: torch.optim.SGD(p, lr=0.05), config=config)
-    except (ValueError, NotImplementedError) as exc:  # a refusal is the fix
-        result[rank] = f"raised {type(exc).__name__}: {exc}"
-        return
-    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        logits, full = engine(ids), plain(ids)
-    offset = [0, 18][rank]  # this rank's first vocabulary row (35 over 2: 18, 17)
-    agree = float((logits.argmax(-1) + offset == full.argmax(-1)).float().mean())
-    result[rank] = (tuple(logits.shape), tuple(full.shape), type(model.lm_head).__name__, agree)
+    for route, (tensor_parallel, tp_plan) in ROUTES.items():
+        torch.manual_seed(0)
+        model = Tiny()
+        plain = copy.deepcopy(model)
+        if tp_plan:
+            model._tp_plan = tp_plan  # where transformers keeps a model's plan; DeepSpeed reads it
+        config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                  "zero_optimization": {"stage": 0}, "steps_per_print": 10**9, "tensor_parallel": tensor_parallel}
+        try:
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              optimizer=lambda p: torch.optim.SGD(p, lr=0.05), config=config)
+        except (ValueError, NotImplementedError) as exc:  # a refusal is the fix
+            result[(route, rank)] = f"raised {type(exc).__name__}: {exc}"
+            continue
+        ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            logits, full = engine(ids), plain(ids)
+        offset = [0, 18][rank]  # this rank's first vocabulary row (35 over 2: 18, 17)
+        agree = float((logits.argmax(-1) + offset == full.argmax(-1)).float().mean())
+        result[(route, rank)] = (tuple(logits.shape), tuple(full.shape), type(model.lm_head).__name__, agree)
+        engine.destroy()
 
 
 if __name__ == "__main__":
     result = run_ranks(rank_main, TP, env={"DS_ACCELERATOR": "cpu"})
     wrong = False
-    for rank in range(TP):
-        outcome = result[rank]
+    for (route, rank), outcome in sorted(result.items()):
         if isinstance(outcome, str):
-            print(f"rank {rank}: deepspeed.initialize {outcome}")
+            print(f"{route}, rank {rank}: deepspeed.initialize {outcome}")
             continue
         got, want, head, agree = outcome
         wrong |= got != want
-        print(f"rank {rank}: lm_head became {head}; logits {got}, plain PyTorch {want}; argmax agrees with the "
-              f"full-vocabulary argmax on {agree:.0%} of tokens")
+        print(f"{route}, rank {rank}: lm_head became {head}; logits {got}, plain PyTorch {want}; argmax agrees "
+              f"with the full-vocabulary argmax on {agree:.0%} of tokens")
     print("WRONG: accepted, and the model gets vocabulary-sharded logits" if wrong else "refused or gathered")
     sys.exit(1 if wrong else 0)

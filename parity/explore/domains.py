@@ -62,6 +62,10 @@ HELD_AXES = {
                              "split is a documented divergence wherever the count divides the vocabulary, not tp"),
     "seq_gather": (False, "gather_sequence_loss through vocab_parallel_cross_entropy is a documented divergence at every "
                           "sp > 1 (SP x the logits gradient: cases/deepspeed_ce.toml)"),
+    "model_init": ("plain", "the user's entry points are fixed scenarios (cases/deepspeed_heads.toml): zero_init needs "
+                            "ZeRO 3, and zero_init_dtype is a documented divergence on a CPU without fp16"),
+    "tp_source": ("tp_size", "an mpu handed to init_inference is a documented divergence at every point (its group "
+                             "never reaches the head: cases/deepspeed_inference.toml)"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

@@ -38,12 +38,14 @@ UNIVERSAL_AXES = ("seed",)
 REJECTIONS = (
     "none",
     "tied_row_max_norm", "tied_row_sparse", "tied_vocab_max_norm", "tied_vocab_sparse", "tied_vocab_scale_grad",
-    "row_tied_non_embedding", "hf_plan_unsupported_style", "row_shape", "row_partition_dim0", "gather_shape",
+    "row_tied_non_embedding", "hf_plan_unsupported_style", "hf_plan_colwise_head", "row_shape", "row_partition_dim0", "gather_shape",
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
     "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
+    "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",
+    "compile_autotp_eager_column", "compile_autotp_row_head",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
@@ -209,6 +211,18 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "one naming attention head counts, which DeepSpeed's AutoTP reads (tp_shard.AutoTPMeta): heads4 "
               "(num_attention_heads 4), kv3 (6 query heads, num_key_value_heads 3), kv1 (4 query heads, one kv head), "
               "text_kv3 (16 vision heads outside, kv3 in text_config) (vocab_parallel, tied_vocab_parallel)"),
+    Axis("model_init", ("plain", "tp_model_init", "zero_init", "zero_init_dtype"), "plain", lambda v: f"init_{v}", quiet_default=True,
+         help="how the user's model reaches deepspeed.initialize: plain (built, then handed over with the config's "
+              "autotp_size); tp_model_init (deepspeed.tp_model_init(model, tp_size, dtype) without tp_group, and a "
+              "config whose tensor_parallel section leaves autotp_size out for DeepSpeed's merge to fill); zero_init "
+              "(zero = 3 only: built under deepspeed.zero.Init, the pretrained weights loaded under "
+              "GatheredParameters(modifier_rank=0), as from_pretrained does); zero_init_dtype (as zero_init, with the case's "
+              "dtype also passed to zero.Init(dtype=)) (column_gathered, vocab_parallel, "
+              "tied_vocab_parallel; plain and tp_model_init on hf_plan_column and hf_plan_tied, whose config then has "
+              "no tensor_parallel section at all)"),
+    Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
+         help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
+              "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -201,6 +201,14 @@ def rank_decisions(engine, head) -> dict:
     return found
 
 
+def merged_tp_model_init(values: dict, config: dict) -> dict:
+    """model_init = tp_model_init: the autotp_size the config reached the engine with, put back by DeepSpeed's
+    merge of tp_model_init's record (merge_tp_model_init_into_config fills the config in place)."""
+    if values.get("model_init", "plain") != "tp_model_init":
+        return {}
+    return {"merged_autotp_size": config["tensor_parallel"].get("autotp_size")}
+
+
 def reports_grad_norm(values: dict) -> bool:
     """DeepSpeed keeps the clipping norm in its optimizer wrappers (fp16/bf16, ZeRO >= 1); a plain
     torch optimizer under ZeRO 0 in fp32 is clipped by clip_fp32_gradients, which returns nothing
@@ -483,6 +491,8 @@ class EngineHead(Subject):
     def decided(self, values):
         autocast = values.get("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
+        if values.get("model_init", "plain") == "tp_model_init":
+            found["merged_autotp_size"] = values["tp"]
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
@@ -531,6 +541,49 @@ class EngineHead(Subject):
             model.config = config
         return model
 
+    def user_model(self, values: dict, ctx: RankContext, config: dict) -> torch.nn.Module:
+        """The model as the user hands it to deepspeed.initialize (model_init). tp_model_init takes autotp_size out
+        of ``config`` (in place), as a user who states it once would, and the whole section where nothing else in it
+        differs from DeepSpeed's defaults (the HF tp_plan subjects)."""
+        import deepspeed
+
+        how, dtype = values.get("model_init", "plain"), DTYPES[values["dtype"]]
+        if how in ("zero_init", "zero_init_dtype"):
+            return self.zero_init_model(values, config, dtype, explicit_dtype=how == "zero_init_dtype")
+        model = self.build(values, dtype).to(ctx.device)
+        if how == "tp_model_init":
+            section = config["tensor_parallel"]
+            del section["autotp_size"]
+            if section == {"tp": {"tp_grain_size": 1}}:  # DeepSpeed's defaults: such a user writes no section at all
+                del config["tensor_parallel"]
+            deepspeed.tp_model_init(model, tp_size=values["tp"], dtype=dtype)
+        return model
+
+    def zero_init_model(self, values: dict, config: dict, dtype: torch.dtype, explicit_dtype: bool):
+        """A big model's path under ZeRO 3: built under deepspeed.zero.Init (each rank holds a partition of every
+        weight), then the pretrained weights (the reference's) loaded under GatheredParameters(modifier_rank=0)
+        on global rank 0 and broadcast, as transformers' from_pretrained does under ZeRO 3. zero.Init's own
+        initialisation is left unseeded: the initial-weight check passes only if the load reached every rank."""
+        import deepspeed
+        import torch.distributed as dist
+
+        from references.tiny_lm import TinyCausalLM
+
+        if values["zero"] != 3:
+            raise ValueError(f"model_init = {values['model_init']!r} needs zero = 3, not {values['zero']}")
+        pretrained = self.build(values, dtype).state_dict()
+        # zero_init: no dtype argument, zero.Init takes the config's, as transformers calls it. zero_init_dtype: the
+        # case's dtype named as well, which zero.Init's docstring offers.
+        with deepspeed.zero.Init(config_dict_or_path=config, **({"dtype": dtype} if explicit_dtype else {})):
+            model = TinyCausalLM(self.model_spec(values))
+        partitioned = all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
+        if not partitioned:  # the case would prove nothing about the zero.Init path
+            raise RuntimeError("deepspeed.zero.Init left a parameter whole: the model is not ZeRO-3 partitioned")
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            if dist.get_rank() == 0:
+                model.load_state_dict(pretrained)
+        return model
+
     def forward(self, engine, batch: dict, num_items: int, spec):
         """One micro-batch through the engine -> (loss, logits). The reference model applies its
         own reduction, so it takes num_items_in_batch always."""
@@ -573,21 +626,24 @@ class EngineHead(Subject):
         spec, train = self.model_spec(values), self.training_spec(values)
         if values.get("process", "fresh") != "fresh":
             self.run_earlier_engine(values, ctx)
-        model = self.build(values, DTYPES[values["dtype"]]).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
+        # Read before the user's model exists: zero.Init (model_init = zero_init) swaps F.linear for that model, by design.
         obs.facts["functional_linear"] = functional_linear()
+        config = self.ds_config(values, train)
+        model = self.user_model(values, ctx, config)
         obs.facts.update(self.model_facts(model))
         backend_log: list = []
         with record_loss_backend(backend_log):
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
-                                              config=self.ds_config(values, train))
+                                              config=config)
             try:
                 obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
                 obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
                                               for a, b in self.claims(values).shared_params}
-                obs.facts["rank_decisions"] = rank_decisions(engine, _attribute(model, values.get("head", "lm_head")))
+                obs.facts["rank_decisions"] = {**rank_decisions(engine, _attribute(model, values.get("head", "lm_head"))),
+                                               **merged_tp_model_init(values, config)}
                 params = dict(model.named_parameters())
                 record_weights(obs, -1, params, values["zero"])
                 captured = {}
@@ -645,7 +701,7 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None, "save": None, **SWITCH_AXES}
+            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -674,7 +730,7 @@ class VocabParallelHead(EngineHead):
     # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
     # reads the head counts from (tp_shard.AutoTPMeta).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
-            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None}
+            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

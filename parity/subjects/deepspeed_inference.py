@@ -114,13 +114,39 @@ def inference_group(ctx: RankContext, tp: int):
     return tp_group(ctx, tp)
 
 
+class GroupMpu:
+    """An mpu whose model-parallel group is ``group`` (every rank of it one model replica: no data parallelism)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def get_model_parallel_group(self):
+        return self.group
+
+    def get_model_parallel_world_size(self):
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group)
+
+    def get_model_parallel_rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group)
+
+    def get_data_parallel_world_size(self):
+        return 1
+
+    def get_data_parallel_rank(self):
+        return 0
+
+
 class InferenceHead(Subject):
     framework = "deepspeed"
     name = "inference_head"
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
     axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": NAMED_HEADS, "tp": None,
-            "grain": None, "device": None, "allreduce": None}
+            "grain": None, "device": None, "allreduce": None, "tp_source": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
@@ -187,7 +213,12 @@ class InferenceHead(Subject):
         InferenceEngine.inference_mp_group = inference_group(ctx, tp)
         if values.get("allreduce", "torch") == "shm":
             ds_comm.cdb.shm_comm_op, ds_comm.cdb.shm_vector_kernel_level = shm_op(ctx)
-        tensor_parallel = {"tp_size": tp}
+        if values.get("tp_source", "tp_size") == "mpu":
+            # The TP group a Megatron-style mpu hands over (inference/config.py:46, engine.py:113-115): the same
+            # members as the group tp_size makes, so any difference is in how the group reaches the head.
+            tensor_parallel = {"mpu": GroupMpu(InferenceEngine.inference_mp_group)}
+        else:
+            tensor_parallel = {"tp_size": tp}
         if values["grain"] != INFERENCE_DEFAULT_GRAIN:
             tensor_parallel["tp_grain_size"] = values["grain"]
         engine = deepspeed.init_inference(model, tensor_parallel=tensor_parallel, dtype=dtype,

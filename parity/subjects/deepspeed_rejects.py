@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from parity.subjects.base import Claims, RankContext, Subject
+from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
                                               reset_deepspeed_state, setup_deepspeed)
@@ -124,11 +125,13 @@ def _without_loss_function(spec):
     return model
 
 
-def _unsupported_tp_plan_style(spec):
-    model = build_model(spec, SEED, torch.float32)
-    # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
-    model._tp_plan = {"lm_head": "sequence_parallel"}
-    return model
+def _tp_plan_style(style):
+    def build(spec):
+        model = build_model(spec, SEED, torch.float32)
+        # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
+        model._tp_plan = {"lm_head": style}
+        return model
+    return build
 
 
 def _llama_shaped_unnamed(spec):
@@ -156,6 +159,13 @@ class EngineVariant:
     # tp_group) or "mpu" (initialize(mpu=)). An accepted initialize is probed with one forward.
     user_tp: str = ""
     dp: int = 1
+    # Set: the user first calls deepspeed.tp_model_init(model, tp_size=tp, dtype=<this dtype>) without tp_group, and
+    # the config's autotp_size is tp * autotp_factor. An accepted initialize reports the dtype the head trains in.
+    tp_model_init: str = ""
+    autotp_factor: int = 1
+    # DeepCompile's autotp pass in the config: after an accepted initialize the user calls engine.compile() and the
+    # first forward runs eagerly (compilation disabled, as TORCH_COMPILE_DISABLE=1 does); that forward must refuse.
+    compile_eager: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +187,9 @@ ENGINE_VARIANTS = {
     # row-parallel head
     "row_tied_non_embedding": EngineVariant(_specs(ROW_HEAD), _tied_to_non_embedding),
     # no partition_config: the engine takes the model's HF tp_plan, whose style it cannot convert
-    "hf_plan_unsupported_style": EngineVariant({}, _unsupported_tp_plan_style),
+    "hf_plan_unsupported_style": EngineVariant({}, _tp_plan_style("sequence_parallel")),
+    # the HF plan's plain "colwise" on lm_head: a column layer without gather, as column_no_gather's spec
+    "hf_plan_colwise_head": EngineVariant({}, _tp_plan_style("colwise"), probe_logits=True),
     "row_shape": EngineVariant(_specs({**ROW_HEAD, "shape": [-1, HIDDEN], "partition_dim": 1})),
     "row_partition_dim0": EngineVariant(_specs({**ROW_HEAD, "partition_dim": 0})),
     # column-parallel head with gathered output
@@ -209,6 +221,14 @@ ENGINE_VARIANTS = {
     "user_tp_group_tp_model_init": EngineVariant(_specs(COLUMN_GATHERED), user_tp="tp_model_init", dp=2),
     "user_tp_group_config": EngineVariant(_specs(COLUMN_GATHERED), user_tp="config", dp=2),
     "user_tp_group_mpu": EngineVariant(_specs(COLUMN_GATHERED), user_tp="mpu", dp=2),
+    # tp_model_init (no tp_group) against a config that says otherwise: DeepSpeed's merge must refuse before the model
+    "tp_model_init_size_conflict": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="fp32", autotp_factor=2),
+    "tp_model_init_dtype_conflict": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="fp32",
+                                                  values={"dtype": "bf16"}),
+    "tp_model_init_dtype_unchecked": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="bf16"),
+    # DeepCompile's autotp pass with a head its deferred collectives need compiled (column) or cannot serve (row)
+    "compile_autotp_eager_column": EngineVariant(_specs(COLUMN_GATHERED), compile_eager=True),
+    "compile_autotp_row_head": EngineVariant(_specs(ROW_HEAD), compile_eager=True),
 }
 
 CE_VARIANTS = {
@@ -346,8 +366,14 @@ class DeepSpeedRejection(Subject):
         spec, train = self.model_spec(values), self.training_spec(values)
         model = variant.build(spec).to(ctx.device)
         config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32", **variant.values}, train)
+        if variant.compile_eager:
+            config["compile"] = {"deepcompile": True, "passes": ["autotp"]}
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
+        if variant.tp_model_init:
+            config["tensor_parallel"]["autotp_size"] = tp * variant.autotp_factor
+            deepspeed.tp_model_init(model, tp_size=tp, dtype=DTYPES[variant.tp_model_init])
+        # After the user's own tp_model_init (its record and training mode): only what initialize leaves counts.
         before = _engine_state(model)
         mpu = user_tp = None
         if variant.user_tp:
@@ -376,8 +402,33 @@ class DeepSpeedRejection(Subject):
                     _, logits = engine(input_ids=ids.to(ctx.device))
                 raise AssertionError(f"accepted: the model got logits of shape {tuple(logits.shape)} for a "
                                      f"vocabulary of {spec.vocab} ({type(engine.module.lm_head).__name__})")
+            if variant.compile_eager:
+                self._eager_after_compile(engine, model, spec, ctx)
+            if variant.tp_model_init:
+                raise AssertionError(f"accepted: tp_model_init(dtype={DTYPES[variant.tp_model_init]}), the engine "
+                                     f"trains lm_head in {engine.module.lm_head.weight.dtype}")
         finally:
             engine.destroy()
+
+    def _eager_after_compile(self, engine, model, spec, ctx):
+        """engine.compile() hands the TP layers' collectives to the autotp pass (defer_collectives_to_compiler);
+        a forward that then runs eagerly would drop them, so it must raise. The state is taken after compile():
+        what the refused forward leaves is the question."""
+        import torch._dynamo
+
+        engine.compile()
+        before = _engine_state(model)
+        ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
+        saved, torch._dynamo.config.disable = torch._dynamo.config.disable, True
+        try:
+            _, logits = engine(input_ids=ids.to(ctx.device))
+        except Exception as exc:
+            exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
+            raise
+        finally:
+            torch._dynamo.config.disable = saved
+        raise AssertionError(f"accepted: the eager forward after engine.compile() returned logits of shape "
+                             f"{tuple(logits.shape)} ({type(engine.module.lm_head).__name__})")
 
     def _probe_user_groups(self, engine, model, spec, ctx, user_tp, dp, before):
         """Accepted: say which groups this rank's engine took, and what the user's first step (one batch

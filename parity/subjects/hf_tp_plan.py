@@ -190,7 +190,7 @@ class HFPlanColumnHead(HFPlanHead):
     description = ("HF tp_plan path: lm_head 'colwise_gather_output' (or the old name 'colwise_rep') -> "
                    "column-parallel LinearLayer with gathered output; attention/MLP sharded by the model's plan; "
                    "HF's loss on full logits.")
-    axes = {**HF_AXES, "hf_head": ("colwise_gather_output", "colwise_rep")}
+    axes = {**HF_AXES, "hf_head": ("colwise_gather_output", "colwise_rep"), "model_init": ("plain", "tp_model_init")}
 
     def lm_head_style(self, values):
         return values.get("hf_head", "colwise_gather_output")
@@ -224,7 +224,7 @@ class HFPlanTiedHead(HFPlanHead):
     description = ("HF tp_plan path, tied embeddings, embedding_rowwise + lm_head colwise_gather_output: "
                    "vocab_parallel_lm_head true/unset -> VocabParallelLinear + VocabParallelEmbedding (one shard, "
                    "DeepSpeed's CE); false -> head and embedding left replicated and tied.")
-    axes = {**HF_AXES, "vocab_parallel_lm_head": None}
+    axes = {**HF_AXES, "vocab_parallel_lm_head": None, "model_init": ("plain", "tp_model_init")}
 
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), tied=True)

@@ -16,10 +16,12 @@ def test_every_rejection_has_a_case_that_expects_an_error():
         assert c.expect.is_error and c.expect.match, c.id
         # ZeRO 2 and 3 refuse a DP pre-scaling option with a bare assert (stage_1_and_2.py:350-351; under
         # python -O it vanishes and the option is ignored: measured at parity, docs/inventory.md). The heuristic
-        # parser refuses a model it cannot place with a bare assert too (module_inject/auto_tp.py:300).
+        # parser refuses a model it cannot place with a bare assert too (module_inject/auto_tp.py:300). An eager
+        # forward after engine.compile() with the autotp pass raises RuntimeError (layers.py:433-439).
         assert c.expect.error in ("ValueError", "NotImplementedError") or (
             c.expect.error == "AssertionError"
-            and c["variant"].startswith(("zero2_", "zero3_", "heuristic_"))), c.id
+            and c["variant"].startswith(("zero2_", "zero3_", "heuristic_"))) or (
+            c.expect.error == "RuntimeError" and c["variant"].startswith("compile_autotp_")), c.id
 
 
 def test_variant_axis_is_quiet_so_no_other_id_changes():
@@ -56,3 +58,10 @@ def test_reset_clears_tp_model_init_record():
         assert reset_deepspeed_state() == CLEAN_STATE
     finally:
         init_utils._TP_MODEL_INIT_ARGS = None
+
+
+def test_inference_tp_source_is_quiet_and_its_mpu_cases_are_the_documented_divergence():
+    assert AXES["tp_source"].quiet_default and AXES["tp_source"].default == "tp_size"
+    assert [n for n, s in SUBJECTS.items() if "tp_source" in s.axes] == ["inference_head"]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("tp_source") == "mpu"]
+    assert cases and all(c.divergence.repro == "ci/repro/deepspeed_inference_user_tp_group_ignored.py" for c in cases)
