@@ -42,12 +42,16 @@ T_EMBED = "torch_vocab_embedding"
 DS_LOGPROBS, DS_ENTROPY = "ds_vocab_logprobs", "ds_vocab_entropy"
 DS_KL, DS_CE_MODULE = "ds_vocab_kl", "ds_vocab_ce_module"
 DS_SEQ_CE = "ds_vocab_seq_ce"
+# The head-selection subjects (parity/subjects/deepspeed_reach.py): a gathered column head picked by a restricted spec,
+# and Llama-shaped models whose blocks AutoTP shards (by preset or heuristic) beside a vocabulary-parallel head.
+SPEC_REACH, PRESET, HEURISTIC = "spec_reach", "preset_llama", "heuristic_blocks"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE)
+            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
+            SPEC_REACH, PRESET, HEURISTIC)
 
 
 @dataclass(frozen=True)
@@ -1030,7 +1034,7 @@ MUTANTS = [
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",
            "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN,
-                                                                             EMBED_SPEC),
+                                                                             EMBED_SPEC, SPEC_REACH, PRESET, HEURISTIC),
            _column_backward_no_allreduce),
     Mutant("column_backward_world_group",
            "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",
@@ -1071,7 +1075,7 @@ MUTANTS = [
     Mutant("ce_local_sum_exp",
            "_VocabParallelCrossEntropy uses the local sum of exp as the softmax denominator (SUM all-reduce dropped)",
            "deepspeed.sequence.cross_entropy._VocabParallelCrossEntropy.forward", "loss",
-           (VOCAB, DS_CE, TIED_VOCAB, D_VOCAB, HF_TIED), _ce_forward_mutant(reduce_sum=False)),
+           (VOCAB, DS_CE, TIED_VOCAB, D_VOCAB, HF_TIED, PRESET, HEURISTIC), _ce_forward_mutant(reduce_sum=False)),
     Mutant("ce_target_logit_not_reduced",
            "_VocabParallelCrossEntropy drops the all-reduce of the predicted (target) logit: ranks that do not own "
            "the target use 0",

@@ -124,6 +124,11 @@ SELECTION.update({
     catalog.M_VOCAB: ["megatron_vocab_parallel-bf16-mean-v36-h32-bias-ign_scattered-gas2-tp2-cpu"],
     catalog.M_EMBED: ["megatron_vocab_embedding-fp32-mean-v36-h32-bias-ign_scattered-gas2-tp2-cpu-untied"],
 })
+SELECTION.update({
+    catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],
+    catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+    catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+})
 SELECTION[catalog.COLUMN].append(
     "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-dp2-cpu")
 # --fast (CI self-test): three mutants, two cases each; one DeepSpeed layer bug, one CE bug, one
