@@ -185,6 +185,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "consolidated, engine._consolidated_16bit_state_dict() (accelerate's path for an AutoTP engine). Global "
               "rank 0's copy must hold every key of the unsharded model's state_dict, each equal bitwise to the TP "
               "shards concatenated (and so within the weight bound of the reference's final weights)"),
+    Axis("keep_on_host", (False, True), False, _flag("host", "nohost"), quiet_default=True,
+         help="tensor_parallel.keep_module_on_host: AutoTP creates the head's shards on the host instead of the "
+              "accelerator (layers.py move()); training must still compute on the case's device, which each rank "
+              "records (column_gathered, vocab_parallel)"),
     Axis("overlap", (False, True), False, _flag("ovl", "noovl"), quiet_default=True,
          help="tensor_parallel.tp_overlap_comm: column layers (the gathered and the vocabulary-parallel head) run "
               "AsyncColumnParallel, whose backward all-reduces the input gradient asynchronously and sums the bias "

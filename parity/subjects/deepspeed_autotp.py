@@ -30,7 +30,7 @@ COMMON_AXES = {
     "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
-SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None}
+SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None}
 # The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
 AUTOCAST_CONFIG = {"bf16": "bfloat16"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
@@ -183,6 +183,9 @@ def rank_decisions(engine, head) -> dict:
              "optimizer": type(engine.optimizer).__name__,
              # The process-global switch as the head's forward will read it (None: not an AutoTP layer).
              "tp_overlap_comm": getattr(type(head), "tp_overlap_comm", None),
+             "keep_module_on_host": getattr(type(head), "keep_module_on_host", None),
+             # Where the head's weight lives once the engine is built: where its forward computes.
+             "head_device": head.weight.device.type if isinstance(getattr(head, "weight", None), torch.Tensor) else None,
              # What the bf16 switches became in the optimizer DeepSpeed built (None: that wrapper has no such switch).
              "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
              "grad_acc_hooks": bool(getattr(engine.optimizer, "_grad_acc_hooks", None)),
@@ -421,18 +424,26 @@ def switch_decisions(values: dict) -> dict:
         found["check_grad_overflow"] = False
     if values.get("bf16_master", False):
         found["master_dtype"] = "torch.bfloat16"
+    if values.get("keep_on_host", False):
+        # The switch reached the layer class, and the engine still trains the head on the case's device.
+        found["keep_module_on_host"] = True
+        found["head_device"] = values.get("device", "cpu")
     return found
 
 
 def column_function(logits) -> str | None:
     """Which of AutoTP's column autograd functions the head's forward ran, found anywhere in the logits' graph (the
     whole tiny model's: proj and the embedding add none; ZeRO 3's linear wrapper puts the head deeper)."""
-    seen, frontier, visited = set(), [logits.grad_fn], set()
+    # Nodes stay referenced (kept) while the walk runs: next_functions hands out new Python wrappers, and an id()
+    # of one already dropped can be reused by the next, which then looked visited (torch 2.11 on the H200 host: the
+    # walk stopped below the gather and found no column function in any case).
+    seen, frontier, visited, kept = set(), [logits.grad_fn], set(), []
     while frontier:
         node = frontier.pop()
         if node is None or id(node) in visited:
             continue
         visited.add(id(node))
+        kept.append(node)
         seen.add(type(node).__name__)
         frontier += [nxt for nxt, _ in node.next_functions]
     for name in ("AsyncColumnParallelBackward", "ColumnParallelBackward"):
@@ -464,6 +475,7 @@ class EngineHead(Subject):
             "steps_per_print": 10**9,
             "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.get("grain", 1)},
                                 **({"tp_overlap_comm": True} if values.get("overlap", False) else {}),
+                                **({"keep_module_on_host": True} if values.get("keep_on_host", False) else {}),
                                 **self.tensor_parallel_config(values)},
         }
         cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
