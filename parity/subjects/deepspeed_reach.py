@@ -85,6 +85,14 @@ class LlamaBlocksHead(EngineHead):
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), blocks=BLOCKS)
 
+    def invalid(self, values):
+        # Found by parity explore --seed 1 (a84fdcc): reduction "sum" through DeepSpeed's loss measured a mean.
+        if values["vocab_parallel_lm_head"] == "true" and values.get("reduction", "mean") not in ("mean", "num_items"):
+            return ("vocab_parallel_lm_head installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
+                    "num_items_in_batch: 'none' and 'sum' are no reduction it offers (as the vocab_parallel subject's "
+                    "reduction domain says)")
+        return None
+
     def vocab_parallel(self, values) -> dict:
         return {"vocab_parallel_lm_head": values["vocab_parallel_lm_head"] == "true"}
 
