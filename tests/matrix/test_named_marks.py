@@ -1,9 +1,12 @@
 """Named known-divergence marks (cases/marks/known_divergence.toml): an entry names one, the case files load
 with its keys filled in, and a bad name or a clash is a one-line error naming the file and the key."""
+import collections
+import tomllib
+
 import pytest
 
 from parity.matrix import cases as cases_module
-from parity.matrix.cases import CaseFileError, load_file
+from parity.matrix.cases import CaseFileError, default_files, load_file, named_marks
 
 MARKS = """
 [mark.grad_dtype]
@@ -114,3 +117,26 @@ def test_a_case_file_without_named_marks_needs_no_marks_file(tmp_path, monkeypat
     with pytest.raises(CaseFileError, match=r"absent.toml: \(file\)"):
         load_file(write(tmp_path, CASE, "named.toml"))
 
+
+def _entries():
+    """Every known_divergence entry of the default case files: (file:matrix[i], entry)."""
+    for path in default_files():
+        for i, table in enumerate(tomllib.loads(path.read_text())["matrix"]):
+            raw = table.get("known_divergence")
+            for entry in raw if isinstance(raw, list) else [raw] if raw else []:
+                yield f"{path.name}:matrix[{i}]", entry
+
+
+def test_every_named_mark_is_named_and_no_reason_is_copied():
+    entries = list(_entries())
+    named = {e["mark"] for _, e in entries if "mark" in e}
+    assert sorted(set(named_marks()) - named) == [], "named marks no case file names (remove them)"
+    # One mechanism, one text: a reason written out in two entries belongs in cases/marks/known_divergence.toml.
+    by_reason = collections.defaultdict(list)
+    for name, mark in named_marks().items():
+        by_reason[" ".join(mark["reason"].split())].append(f"mark.{name}")
+    for where, entry in entries:
+        if "reason" in entry:
+            by_reason[" ".join(entry["reason"].split())].append(where)
+    copied = {reason[:80]: places for reason, places in by_reason.items() if len(places) > 1}
+    assert copied == {}, "reasons written out in several entries: name a mark instead (mark = \"NAME\")"
