@@ -61,6 +61,13 @@ def rounding_misses_only(verdict: Verdict) -> bool:
         for c in failed)
 
 
+def explains_some(known, verdict: Verdict) -> bool:
+    """Whether a numerical mark covers at least one of the verdict's failed checks: only such a mark's
+    judgement, with rounding misses left over, is the one to confirm (a crash mark, or one naming
+    other checks, says nothing about this outcome)."""
+    return not known.raises and any(known.covers(c.name) for c in verdict.failed_checks)
+
+
 @dataclass
 class Unconfirmed:
     """A rounding-bound miss that did not reproduce at most other seeds."""
@@ -129,7 +136,7 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
             if again.status == DIVERGED:
                 again.reason += f" [mark of {mark.source}]"
                 return again
-            if beyond is None and rounding_misses_only(again):
+            if beyond is None and explains_some(mark.divergence, again) and rounding_misses_only(again):
                 beyond = again
         # A case under two documented divergences (ZeRO 0's bf16 gradient dtype and a swallowed
         # ignore_index) fails the checks of both, which no mark alone covers: the marks together,
@@ -141,7 +148,7 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
             if again.status == DIVERGED:
                 again.reason += f" [marks of {', '.join(m.source for m in numeric)}]"
                 return again
-            if beyond is None and rounding_misses_only(again):
+            if beyond is None and explains_some(together, again) and rounding_misses_only(again):
                 beyond = again
         return beyond or verdict
 

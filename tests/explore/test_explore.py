@@ -261,6 +261,12 @@ def test_only_rounding_bounds_missed_by_a_little_are_confirmed_over_seeds():
     marked = _verdict_with(rms, contract)
     marked.case = replace(marked.case, divergence=KnownDivergence("r", "ci/repro/x.py", checks=("contract",)))
     assert rounding_misses_only(marked)
+    from parity.explore.search import explains_some
+
+    assert explains_some(marked.case.divergence, marked)
+    crash = KnownDivergence("r", "ci/repro/x.py", raises="AssertionError: x")
+    assert not explains_some(crash, marked)
+    assert not explains_some(KnownDivergence("r", "ci/repro/x.py", checks=("loss",)), marked)
 
 
 def test_a_miss_is_a_failure_where_most_other_seeds_fail_too(monkeypatch):
