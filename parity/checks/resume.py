@@ -48,6 +48,10 @@ def resume_checks(comparison) -> list[dict]:
             continue
         found.append(dict(name="resumed_global_steps", passed=resumed["global_steps"] == SAVED_AFTER, rank=rank,
                           detail=f"engine.global_steps {resumed['global_steps']} after the load, saved at {SAVED_AFTER}"))
+        if values["optimizer"] == "adamw":  # SGD keeps no step count
+            steps = resumed.get("optimizer_steps")
+            found.append(dict(name="resumed_optimizer_step", passed=steps == [float(SAVED_AFTER)], rank=rank,
+                              detail=f"AdamW's step count(s) {steps} after the load, saved at {SAVED_AFTER}"))
         for name in names:
             dim = comparison.claims.param_shards.get(name)
             for state in ("weight",) + STATES[values["optimizer"]]:

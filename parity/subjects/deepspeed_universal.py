@@ -5,8 +5,8 @@ engine.save_checkpoint, converts the folder with ds_to_universal as its CLI does
 with checkpoint.load_universal at the case's tp x dp (same world), then trains on. Plain PyTorch's promise for a
 resume: the weights and the optimizer state come back exactly, so training on is the uninterrupted run. The
 optimizer is torch.optim.AdamW (references/adamw_trajectory.py): ds_to_universal converts Adam's moments only
-(a plain SGD checkpoint is refused, cases/deepspeed_universal.toml), and the moments are half of what a resume
-must restore.
+(a plain SGD checkpoint stops it with a KeyError: a known divergence in cases/deepspeed_universal.toml), and the
+moments are half of what a resume must restore.
 
 What each rank hands back beyond the trajectory records: facts["checkpointed"] (its TP-local weight, float32
 master and moments, read through DeepSpeed's safe_get_full_* API, just before saving, with the save layout's TP
@@ -216,7 +216,9 @@ class UniversalResume:
                 for name, p in params.items():
                     obs.record("weight", -1, None, name, p)  # the user's model as built, before the load
                 engine.load_checkpoint(directory)
-                obs.facts["resumed"] = {"global_steps": int(engine.global_steps),
+                # AdamW's own step count (its bias correction) on every flat partition the torch optimizer steps.
+                steps = sorted({float(st["step"]) for st in engine.optimizer.optimizer.state.values() if "step" in st})
+                obs.facts["resumed"] = {"global_steps": int(engine.global_steps), "optimizer_steps": steps,
                                         "state": optimizer_state(engine, params, STATES[values["optimizer"]])}
                 for name, p in params.items():  # the weights the resumed run starts from: the saved step's
                     obs.record("weight", SAVED_AFTER - 1, None, name, p)
@@ -241,10 +243,7 @@ class UniversalColumnGathered(UniversalResume, ColumnGatheredHead):
 class UniversalVocabParallel(UniversalResume, VocabParallelHead):
     name = "uc_vocab_parallel"
     description = "as uc_column_gathered, the vocabulary-parallel head (VocabParallelLinear + its CE)"
-    axes = {**RESUME_AXES, "reduction": ("mean", "num_items")}
-
-    def run_rank(self, values, ctx):
-        return UniversalResume.run_rank(self, values, ctx)
+    axes = {**RESUME_AXES, "reduction": ("mean", "num_items")}  # the reductions its CE hook serves (vocab_parallel)
 
 
 class UniversalRowParallel(UniversalResume, RowParallelHead):

@@ -45,7 +45,7 @@ def judged(edit_saved=None, edit_resumed=None, steps=SAVED_AFTER) -> dict:
     for r in (0, 1):
         if saved[r] is not None:
             obs[r].facts["checkpointed"] = {"tp_rank": r, "dp_rank": 0, "state": saved[r]}
-        obs[r].facts["resumed"] = {"global_steps": steps, "state": resumed[r]}
+        obs[r].facts["resumed"] = {"global_steps": steps, "optimizer_steps": [float(steps)], "state": resumed[r]}
     return {(c["name"], c["rank"]): c["passed"] for c in resume_checks(cmp)}
 
 
@@ -83,4 +83,5 @@ def test_a_missing_state_a_swapped_save_and_the_wrong_step_count_fail():
     def swapped(saved):
         saved[0], saved[1] = saved[1], saved[0]
     assert ("resumed[lm_head.weight.fp32]", 0) in failed(judged(edit_saved=swapped))
-    assert {("resumed_global_steps", 0), ("resumed_global_steps", 1)} <= failed(judged(steps=SAVED_AFTER - 1))
+    assert {("resumed_global_steps", 0), ("resumed_global_steps", 1), ("resumed_optimizer_step", 0),
+            ("resumed_optimizer_step", 1)} <= failed(judged(steps=SAVED_AFTER - 1))
