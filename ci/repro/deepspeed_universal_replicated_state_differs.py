@@ -11,6 +11,8 @@ training). engine.save_checkpoint writes both copies; ds_to_universal's affine r
 demands they agree and raises "Ranks [0, 1] hold different data for the same block of a replicated parameter" (a
 message that blames the data a correct run cannot keep equal). Plain PyTorch's answer: one replicated value, and a
 checkpoint that converts. With 36 rows (18/18, equal layouts) the same run converts; at dp 2 (a + b == b + a) too.
+The optimizer plays no part in the drift: with SGD the replicas' gradients differ from the first step
+(cases/deepspeed_topology.toml, replicas_agree).
 
 Run (CPU, 6 processes over gloo, about 60 s):  python ci/repro/deepspeed_universal_replicated_state_differs.py
 Exit status 1 while the replicas' state differs or the conversion is refused, 0 once both are fine.
