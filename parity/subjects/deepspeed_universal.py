@@ -103,6 +103,9 @@ class UniversalResume:
     def requires(self, values):
         return super().requires(self.head_values(values))
 
+    def model_spec(self, values):
+        return super().model_spec(self.head_values(values))
+
     def unavailable_reason(self, values):
         return super().unavailable_reason(self.head_values(values))
 
@@ -110,7 +113,7 @@ class UniversalResume:
         base = super().claims(self.head_values(values))
         modules = dict(base.module_types)
         if values["tp"] == 1:  # autotp_size 1: AutoTP leaves the model as it is
-            modules = {path: ("Linear" if path == values.get("head", "lm_head") else cls)
+            modules = {path: ("Linear" if path == self.head_values(values)["head"] else cls)
                        for path, cls in modules.items() if path != "loss_function"}
         return dataclasses.replace(base, module_types=modules, micro_records={}, loss_backend=None,
                                    reports_grad_norm=False)
@@ -208,7 +211,7 @@ class UniversalResume:
             model = self.build(values, dtype).to(ctx.device)
             engine = self.engine(values, train, model, load_universal=True)
             try:
-                head = _attribute(model, "lm_head")
+                head = _attribute(model, self.head_values(values)["head"])
                 obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
                 obs.facts["rank_decisions"] = rank_decisions(engine, head)
@@ -243,7 +246,9 @@ class UniversalColumnGathered(UniversalResume, ColumnGatheredHead):
 class UniversalVocabParallel(UniversalResume, VocabParallelHead):
     name = "uc_vocab_parallel"
     description = "as uc_column_gathered, the vocabulary-parallel head (VocabParallelLinear + its CE)"
-    axes = {**RESUME_AXES, "reduction": ("mean", "num_items")}  # the reductions its CE hook serves (vocab_parallel)
+    # The reductions its CE hook serves (vocab_parallel); head "output": a head only through lm_head_patterns, whose
+    # name AutoTP's universal-checkpoint metadata does not take for a vocabulary parameter ('embed'/'lm_head' in it).
+    axes = {**RESUME_AXES, "reduction": ("mean", "num_items"), "head": ("lm_head", "output")}
 
 
 class UniversalRowParallel(UniversalResume, RowParallelHead):

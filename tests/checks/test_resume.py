@@ -12,7 +12,7 @@ from parity.subjects import SUBJECTS
 from parity.subjects.deepspeed_universal import SAVED_AFTER
 
 # Saved at tp 2 (rows 18/17), resumed at tp 2: the same ranks save and resume.
-CASE_ID = "uc_vocab_parallel-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu"
+CASE_ID = "uc_vocab_parallel-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu-lm_head"
 STATES = ("weight", "fp32", "exp_avg", "exp_avg_sq")
 _PAIR = {}
 
