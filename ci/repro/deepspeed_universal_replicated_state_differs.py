@@ -17,7 +17,6 @@ The optimizer plays no part in the drift: with SGD the replicas' gradients diffe
 Run (CPU, 6 processes over gloo, about 60 s):  python ci/repro/deepspeed_universal_replicated_state_differs.py
 Exit status 1 while the replicas' state differs or the conversion is refused, 0 once both are fine.
 """
-import glob
 import importlib
 import os
 import sys
