@@ -17,6 +17,7 @@ from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
+from parity.checks.resume import check_trained_on, resume_checks
 from parity.checks.one_thread import one_torch_thread
 from parity.checks.tolerances import (ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound,
                                       unit_roundoff)
@@ -209,7 +210,8 @@ class Comparison:
         self.check_lookup_loss_stage()
         self.check_replicas_agree()
         self.check_saved()
-        for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
+        check_trained_on(self)
+        for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
 

@@ -185,6 +185,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "consolidated, engine._consolidated_16bit_state_dict() (accelerate's path for an AutoTP engine). Global "
               "rank 0's copy must hold every key of the unsharded model's state_dict, each equal bitwise to the TP "
               "shards concatenated (and so within the weight bound of the reference's final weights)"),
+    Axis("save_tp", None, 2, lambda v: f"from_tp{v}",
+         help="universal-checkpoint subjects (uc_*): the TP size the checkpoint was trained and saved at (the world "
+              "tp x dp stays; its other factor is data parallelism); tp and dp are the resumed run's"),
+    Axis("optimizer", ("adamw", "sgd"), "adamw", str,
+         help="universal-checkpoint subjects (uc_*): the torch optimizer the user trains with: adamw (the "
+              "reference is torch.optim.AdamW, references/adamw_trajectory.py) or sgd (plain torch.optim.SGD)"),
     Axis("keep_on_host", (False, True), False, _flag("host", "nohost"), quiet_default=True,
          help="tensor_parallel.keep_module_on_host: AutoTP creates the head's shards on the host instead of the "
               "accelerator (layers.py move()); training must still compute on the case's device, which each rank "

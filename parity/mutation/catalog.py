@@ -47,11 +47,13 @@ DS_SEQ_CE = "ds_vocab_seq_ce"
 SPEC_REACH, PRESET, HEURISTIC = "spec_reach", "preset_llama", "heuristic_blocks"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
+# The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
+UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
             T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
-            SPEC_REACH, PRESET, HEURISTIC)
+            SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
 
 
 @dataclass(frozen=True)
@@ -1029,6 +1031,40 @@ def _megatron_embedding_unmasked():
     return _swap(layers.VocabParallelEmbedding, "forward", forward)
 
 
+# -- universal checkpoint restore (deepspeed/checkpoint/universal_checkpoint.py) ------------------------------------
+
+def _universal():
+    import importlib
+
+    return importlib.import_module("deepspeed.checkpoint.universal_checkpoint")
+
+
+def _uc_restore_rank0_slice():
+    uc = _universal()
+    original = uc.load_hp_checkpoint_state
+
+    def load_hp_checkpoint_state(self, folder, tp_rank, tp_world_size, ep_rank=0, ep_size=1):
+        # planted: upstream slices the universal tensor for the rank's own tp_rank
+        return original(self, folder, 0, tp_world_size, ep_rank=ep_rank, ep_size=ep_size)
+
+    # enable_universal_checkpoint binds the module's function to each parameter when the optimizer is built
+    return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
+
+
+def _uc_moments_zeroed():
+    uc = _universal()
+    original = uc.load_hp_checkpoint_state
+
+    def load_hp_checkpoint_state(self, folder, tp_rank, tp_world_size, ep_rank=0, ep_size=1):
+        step = original(self, folder, tp_rank, tp_world_size, ep_rank=ep_rank, ep_size=ep_size)
+        fragments = self._hp_mapping.optim_fragment
+        for key in fragments:  # planted: upstream keeps the moments it read; a fresh optimizer's are zeros
+            fragments[key] = fragments[key].new_zeros(fragments[key].shape)
+        return step
+
+    return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
+
+
 MUTANTS = [
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
@@ -1269,6 +1305,16 @@ MUTANTS = [
                        "to bf16 (tolerances.SPLIT_K_ROUNDINGS), as the mutant rounds its few per-block partial "
                        "sums; hidden_grad ratio 0.29 -> 0.41. Killing it needs DeepSpeed's own fp32 accumulation "
                        "as the contract, which plain PyTorch does not promise")),
+    Mutant("uc_restore_rank0_slice",
+           "load_hp_checkpoint_state slices every universal tensor for TP rank 0: each resumed rank gets rank 0's "
+           "rows (or hidden columns) of the head",
+           "deepspeed.checkpoint.universal_checkpoint.load_hp_checkpoint_state",
+           "resumed[lm_head.weight.*] on TP ranks > 0", (UC_COLUMN, UC_VOCAB, UC_ROW), _uc_restore_rank0_slice),
+    Mutant("uc_moments_zeroed",
+           "load_hp_checkpoint_state restores the weights but hands AdamW zero moments, as a fresh optimizer has",
+           "deepspeed.checkpoint.universal_checkpoint.load_hp_checkpoint_state",
+           "resumed[*.exp_avg] / resumed[*.exp_avg_sq], then weight", (UC_COLUMN, UC_VOCAB, UC_ROW),
+           _uc_moments_zeroed),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

@@ -129,6 +129,13 @@ SELECTION.update({
     catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
     catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
 })
+SELECTION.update({
+    # Resumed at the saving TP (a rank > 0 must get its own slice back) and at another (tp 2 -> tp 1 x dp 2).
+    catalog.UC_VOCAB: ["uc_vocab_parallel-bf16-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu-lm_head",
+                       "uc_vocab_parallel-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp1-dp2-adamw-cpu-lm_head"],
+    catalog.UC_COLUMN: ["uc_column_gathered-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu"],
+    catalog.UC_ROW: ["uc_row_parallel-fp32-mean-v35-h9-bias-zero1-gas2-from_tp2-tp2-adamw-cpu"],
+})
 SELECTION[catalog.COLUMN].append(
     "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-dp2-cpu")
 # --fast (CI self-test): three mutants, two cases each; one DeepSpeed layer bug, one CE bug, one
