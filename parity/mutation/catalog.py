@@ -740,6 +740,31 @@ def _unfused_master_in_model_dtype():
     return _swap(mod.FP16_UnfusedOptimizer, "step", step)
 
 
+def _zero_overflow_not_reduced_over_tp():
+    """DeepSpeedZeroOptimizer.has_overflow, upstream line for line, except that the overflow flag is not
+    all-reduced over the model-parallel (TP) group: each TP rank decides from its own shards."""
+    import importlib
+
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+
+    mod = importlib.import_module("deepspeed.runtime.zero.stage_1_and_2")
+
+    def has_overflow(self, partition_gradients=True):
+        overflow = self.local_overflow if self.cpu_offload else self.has_overflow_partitioned_grads_serial()
+        overflow_gpu = get_accelerator().ByteTensor([overflow]) if self.cpu_offload else overflow.byte().to(
+            get_accelerator().current_device_name())
+
+        dist.all_reduce(overflow_gpu, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+
+        # planted: no self._model_parallel_all_reduce(tensor=overflow_gpu, op=dist.ReduceOp.MAX)
+
+        overflow = overflow_gpu[0].item()
+        return bool(overflow)
+
+    return _swap(mod.DeepSpeedZeroOptimizer, "has_overflow", has_overflow)
+
+
 def _fused_backward_hidden_grad_in_input_dtype():
     """_VocabParallelLinearCrossEntropy.backward, upstream line for line, except that the hidden
     gradient is accumulated over vocabulary blocks (and all-reduced) in the input dtype, not fp32."""
@@ -1258,6 +1283,13 @@ MUTANTS = [
            "every update: small updates round away as in a pure-bf16 optimizer",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "weight / sgd_update",
            (COLUMN, VOCAB), _unfused_master_in_model_dtype),
+    # fp16 dynamic loss scaling only (cases/deepspeed_loss_scale.toml): a static scale never overflows.
+    Mutant("zero_overflow_not_reduced_over_tp",
+           "DeepSpeedZeroOptimizer.has_overflow skips the model-parallel all-reduce of its overflow flag: a TP rank "
+           "whose own shards are finite applies the step its peer skips",
+           "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer.has_overflow",
+           "rank_decisions_agree[skipped] / skipped_as_torch / weight_unchanged", (COLUMN, VOCAB),
+           _zero_overflow_not_reduced_over_tp),
     Mutant("fused_ce_hidden_grad_in_input_dtype",
            "_VocabParallelLinearCrossEntropy.backward accumulates the hidden gradient over vocabulary blocks, and "
            "all-reduces it, in the input dtype instead of fp32",
