@@ -36,6 +36,9 @@ LOSS_SCALES = {
     "dyn19_h1_w2": DynamicSetting(power=19, window=2, hysteresis=1),
     # DeepSpeed's default hysteresis (2): the first overflow keeps the scale, the second halves it.
     "dyn19": DynamicSetting(power=19, window=1000, hysteresis=2),
+    # from 2**10, growing after every clean step: never near an overflow (2**14 at most), so nothing is skipped
+    # and every step's numbers are the unscaled gradient's, whatever the scale did.
+    "dyn10_w1": DynamicSetting(power=10, window=1, hysteresis=1),
 }
 # Where the overflow threshold of overflows_from was measured: a dynamic value elsewhere proves nothing.
 DESIGNED_POINT = {"dtype": "fp16", "vocab": 34, "hidden": 32, "reduction": "mean", "bias": True, "clip": 0.0,
