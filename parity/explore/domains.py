@@ -66,6 +66,9 @@ HELD_AXES = {
                             "ZeRO 3, and zero_init_dtype is a documented divergence on a CPU without fp16"),
     "tp_source": ("tp_size", "an mpu handed to init_inference is a documented divergence at every point (its group "
                              "never reaches the head: cases/deepspeed_inference.toml)"),
+    "loss_scale": ("static", "fp16 dynamic loss scaling is a fixed scenario (cases/deepspeed_loss_scale.toml), designed at "
+                             "one model size where step 0 must overflow (the subject refuses it elsewhere), and a "
+                             "documented divergence at ZeRO 0 at every point"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }
