@@ -70,6 +70,9 @@ HELD_AXES = {
                              "never reaches the head: cases/deepspeed_inference.toml)"),
     "optimizer": ("adamw", "ds_to_universal stops at every point of an SGD checkpoint (KeyError 'exp_avg', a documented "
                            "divergence: cases/deepspeed_universal.toml)"),
+    "loss_scale": ("static", "fp16 dynamic loss scaling is a fixed scenario (cases/deepspeed_loss_scale.toml), designed at "
+                             "one model size where step 0 must overflow (the subject refuses it elsewhere), and a "
+                             "documented divergence at ZeRO 0 at every point"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }

@@ -206,6 +206,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("overflow_check", (True, False), True, _flag("ovfchk", "noovfchk"), quiet_default=True,
          help="bf16.check_grad_overflow: false lets the ZeRO 1/2 optimizer step without its inf/nan scan of the "
               "gradients (a skipped step on overflow is DeepSpeed's, not torch's) (column_gathered, vocab_parallel)"),
+    Axis("loss_scale", ("static", "dyn19_h1", "dyn19_h1_w2", "dyn19", "dyn10_w1"), "static", lambda v: f"ls_{v}", quiet_default=True,
+         help="fp16 loss scaling (parity/subjects/loss_scaling.py): static, a scale of 1 (every other fp16 case); "
+              "dyn19_h1, dynamic from 2**19 with hysteresis 1 (the first step overflows and is skipped); dyn19_h1_w2, "
+              "the same with loss_scale_window 2 (the scale grows back inside the run); dyn19, DeepSpeed's default "
+              "hysteresis 2; dyn10_w1, from 2**10 with window 1 (grows on clean steps, never overflows). Numbers held to torch.amp.GradScaler (references/grad_scaler.py) (column_gathered, "
+              "vocab_parallel; fp16 at vocab 34, hidden 32, mean only)"),
     Axis("bf16_master", (False, True), False, _flag("bf16master", "fp32master"), quiet_default=True,
          help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
               "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "

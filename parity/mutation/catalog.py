@@ -742,6 +742,38 @@ def _unfused_master_in_model_dtype():
     return _swap(mod.FP16_UnfusedOptimizer, "step", step)
 
 
+def _loss_scaler_ignores_hysteresis():
+    """DynamicLossScaler.update_scale (ZeRO 1-3 with fp16), upstream line for line, except that an overflow halves
+    the scale whatever the hysteresis (delayed_shift) left: the hysteresis key parsed and never applied."""
+    import importlib
+
+    mod = importlib.import_module("deepspeed.runtime.fp16.loss_scaler")
+
+    def update_scale(self, overflow):
+        if overflow:
+            if True:  # planted: was `self.delayed_shift == 1 or self.cur_hysteresis == 1`
+                if (self.cur_scale == self.min_scale) and self.raise_error_at_min_scale:
+                    raise Exception(
+                        "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.")
+                else:
+                    self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow_iter = self.cur_iter
+        else:
+            if self.consecutive_hysteresis:
+                self.cur_hysteresis = self.delayed_shift
+
+            stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+            if (stable_interval > 0) and (stable_interval % self.scale_window == 0):
+                if not self.consecutive_hysteresis:
+                    self.cur_hysteresis = self.delayed_shift
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+    return _swap(mod.DynamicLossScaler, "update_scale", update_scale)
+
+
 def _fused_backward_hidden_grad_in_input_dtype():
     """_VocabParallelLinearCrossEntropy.backward, upstream line for line, except that the hidden
     gradient is accumulated over vocabulary blocks (and all-reduced) in the input dtype, not fp32."""
@@ -1294,6 +1326,12 @@ MUTANTS = [
            "every update: small updates round away as in a pure-bf16 optimizer",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "weight / sgd_update",
            (COLUMN, VOCAB), _unfused_master_in_model_dtype),
+    # fp16 dynamic loss scaling only (cases/deepspeed_loss_scale.toml): a static scale never overflows.
+    Mutant("loss_scaler_ignores_hysteresis",
+           "DynamicLossScaler.update_scale (ZeRO 1-3) halves the scale at every overflow: fp16.hysteresis parsed and "
+           "never applied (what ZeRO 0's optimizers do)",
+           "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler.update_scale", "rank_decisions (hysteresis 2)",
+           (COLUMN,), _loss_scaler_ignores_hysteresis),
     Mutant("fused_ce_hidden_grad_in_input_dtype",
            "_VocabParallelLinearCrossEntropy.backward accumulates the hidden gradient over vocabulary blocks, and "
            "all-reduces it, in the input dtype instead of fp32",
