@@ -227,6 +227,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
+    Axis("topk", None, 0, lambda v: f"top{v}", minimum=0, quiet_default=True,
+         help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
+              "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
+              "log_softmax(full logits).gather(-1, index)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),
