@@ -227,6 +227,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
+    Axis("embed_scale", ("none", "gemma3"), "none", lambda v: f"escale_{v}", quiet_default=True,
+         help="vocab_parallel_embedding: the table handed to VocabParallelEmbedding is an nn.Embedding (none) or "
+              "transformers' Gemma3TextScaledWordEmbedding with embed_scale sqrt(hidden) (gemma3), whose lookups the "
+              "reference multiplies by that scale cast to the weight dtype, as HF's forward does"),
     Axis("topk", None, 0, lambda v: f"top{v}", minimum=0, quiet_default=True,
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
