@@ -29,6 +29,8 @@ class ModelSpec:
     # nn.Embedding(padding_idx=...): that row starts at zero and its lookups pass no gradient back
     # (a tied head's projection still does). None: no padding row.
     padding_idx: int | None = None
+    # nn.Embedding(scale_grad_by_freq=True): each lookup's gradient divided by its id's count in the batch.
+    scale_grad_by_freq: bool = False
     label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
     # Llama-shaped blocks between the embedding and proj (TinyLlamaModel); 0: TinyCausalLM, no blocks.
     blocks: int = 0
@@ -38,7 +40,8 @@ class TinyCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, padding_idx=spec.padding_idx)
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, padding_idx=spec.padding_idx,
+                                         scale_grad_by_freq=spec.scale_grad_by_freq)
         self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
         self.replace_head(nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
         if spec.tied:

@@ -231,6 +231,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="vocab_parallel_embedding: the table handed to VocabParallelEmbedding is an nn.Embedding (none) or "
               "transformers' Gemma3TextScaledWordEmbedding with embed_scale sqrt(hidden) (gemma3), whose lookups the "
               "reference multiplies by that scale cast to the weight dtype, as HF's forward does"),
+    Axis("grad_freq", (False, True), False, _flag("sgbf", "nosgbf"), quiet_default=True,
+         help="tied_row_parallel: the embedding's scale_grad_by_freq (each lookup's gradient divided by its id's "
+              "count in the micro-batch, torch's nn.Embedding semantics), which HiddenParallelEmbedding keeps"),
     Axis("topk", None, 0, lambda v: f"top{v}", minimum=0, quiet_default=True,
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "

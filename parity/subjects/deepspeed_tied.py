@@ -17,6 +17,7 @@ gradient (lookup + projection). Both subjects must keep one Parameter per rank, 
 Axes of their own (parity/matrix/axes.py, declared only here, so no other id changes):
 - ``padding``: the embedding's padding_idx (none / token 0 / token vocab-1). HiddenParallelEmbedding
   keeps it as is; VocabParallelEmbedding keeps it only on the rank whose shard holds it, remapped.
+- ``grad_freq`` (tied_row_parallel): the embedding's ``scale_grad_by_freq``.
 - ``embed_spec``: an explicit partition_config spec for ``embed_tokens.weight``. embed_tokens is
   registered before the head, so the walk reaches it first; the spec must neither slice it on its own
   nor break the tie (the ordering bug #8680 fixes: the tie is snapshotted before the walk).
@@ -39,7 +40,8 @@ def embed_specs(values: dict) -> list:
 
 
 def tied_spec(spec, values):
-    return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values))
+    return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values),
+                               scale_grad_by_freq=values.get("grad_freq", False))
 
 
 class TiedEmbedding:
@@ -61,7 +63,9 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
     # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
     # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None}
+    # grad_freq: HiddenParallelEmbedding keeps scale_grad_by_freq (every rank looks up every id, so the counts are
+    # the batch's); VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad).
+    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None, "grad_freq": None}
 
     def claims(self, values):
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",
