@@ -31,11 +31,22 @@ def _targets_and_upstream(gen: torch.Generator, tokens: int, vocab: int, ignore:
     return targets, upstream
 
 
-def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
+INF_ROWS = ("none", "all")
+
+
+def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100,
+              inf_rows: str = "none"):
+    """inf_rows "all": two rows whose logits are all -inf (a fully masked position): token 1 (its target ignored
+    under scattered ignores) and the first later token whose target counts; the other values as drawn."""
     with exact_inputs():
         gen = torch.Generator().manual_seed(seed)
         logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
         targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
+    if inf_rows not in INF_ROWS:
+        raise ValueError(f"inf_rows must be one of {INF_ROWS}, got {inf_rows!r}")
+    if inf_rows == "all":
+        counted = next(i for i in range(2, tokens) if targets[i] != ignore_index)
+        logits[[1, counted]] = float("-inf")
     return logits, targets, upstream
 
 
@@ -108,13 +119,14 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
                  reduction: str = "none", backward: str = "once", measure: str = "ce",
                  label_smoothing: float = 0.0, sequence_parts: int = 1, gathered: bool = False,
-                 topk: int = 0) -> Trajectory:
+                 topk: int = 0, inf_rows: str = "none") -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
     "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
     measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
     takes no targets; reduction "none"). label_smoothing: torch's F.cross_entropy semantics
     (references/loss.py token_losses). topk k > 0 (measure "ce"): the loss is minus the log-probabilities of
     topk_index's k ids per token ([tokens, k]: -log_softmax(full).gather(-1, index)), reduction "none".
+    inf_rows: ce_inputs' all -inf rows; torch's numbers there are nan (value and gradient), and so are these.
 
     sequence_parts: the records of the whole sequence (one loss over all its tokens, as a user without
     sequence parallelism computes it) split into that many chunks of rows (_put_sequence_chunks);
@@ -123,7 +135,7 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if sequence_parts > 1 and backward != "once":
         raise ValueError(f"sequence_parts {sequence_parts} needs backward 'once', got {backward!r}")
-    logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
+    logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index, inf_rows)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
     if measure == "entropy":
         loss = token_entropies(x)

@@ -64,7 +64,8 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     name = "ds_vocab_ce"
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None}
+            "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None,
+            "inf_rows": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -165,7 +166,7 @@ class DeepSpeedVocabParallelLogProbs(LogitsCE):
     name = "ds_vocab_logprobs"
     description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs on vocabulary shards (its "
                    "negative: the per-token CE)")
-    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "topk": None}
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "topk": None, "inf_rows": None}
 
     def invalid(self, values):
         if values.get("topk", 0) == 1:
@@ -174,7 +175,8 @@ class DeepSpeedVocabParallelLogProbs(LogitsCE):
 
     def reference(self, values, compute_dtype=None):
         return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
-                            DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX, topk=values.get("topk", 0))
+                            DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX, topk=values.get("topk", 0),
+                            inf_rows=values.get("inf_rows", "none"))
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_logprobs
@@ -192,7 +194,7 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
 
     name = "ds_vocab_entropy"
     description = "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy on vocabulary shards"
-    axes = {"dtype": None, "vocab": None, "tp": None, "device": None}
+    axes = {"dtype": None, "vocab": None, "tp": None, "device": None, "inf_rows": None}
     measure = "entropy"
 
     def loss(self, values, ctx, local, targets, group, part, obs):
