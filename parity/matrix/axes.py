@@ -228,9 +228,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
     Axis("embed_scale", ("none", "gemma3"), "none", lambda v: f"escale_{v}", quiet_default=True,
-         help="vocab_parallel_embedding: the table handed to VocabParallelEmbedding is an nn.Embedding (none) or "
-              "transformers' Gemma3TextScaledWordEmbedding with embed_scale sqrt(hidden) (gemma3), whose lookups the "
-              "reference multiplies by that scale cast to the weight dtype, as HF's forward does"),
+         help="the embedding handed to DeepSpeed is an nn.Embedding (none) or transformers' "
+              "Gemma3TextScaledWordEmbedding with embed_scale sqrt(hidden) (gemma3), whose lookups the reference "
+              "multiplies by that scale cast to the weight dtype, as HF's forward does (vocab_parallel_embedding, "
+              "tied_vocab_parallel, tied_row_parallel)"),
     Axis("grad_freq", (False, True), False, _flag("sgbf", "nosgbf"), quiet_default=True,
          help="tied_row_parallel: the embedding's scale_grad_by_freq (each lookup's gradient divided by its id's "
               "count in the micro-batch, torch's nn.Embedding semantics), which HiddenParallelEmbedding keeps"),

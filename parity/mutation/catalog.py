@@ -264,14 +264,14 @@ def torch_matmul_t(input, weight):
 
 # -- HiddenParallelEmbedding / VocabParallelEmbedding (tied heads, direct embedding) -----------------
 
-def _hidden_embedding(detached=False, freq=True):
+def _hidden_embedding(detached=False, freq=True, scale=True):
     def patch():
-        return _hidden_embedding_forward(detached, freq)
+        return _hidden_embedding_forward(detached, freq, scale)
 
     return patch
 
 
-def _hidden_embedding_forward(detached, freq):
+def _hidden_embedding_forward(detached, freq, scale):
     layers = _layers()
     F = layers.F
 
@@ -282,7 +282,7 @@ def _hidden_embedding_forward(detached, freq):
                              scale_grad_by_freq=self.scale_grad_by_freq and freq)  # upstream: self.scale_grad_by_freq
         if self.is_tp_parallel:
             output = layers.GatherFromTensorParallelRegion.apply(self.mp_group, output, self._partition_sizes)
-        if self.embed_scale is not None:
+        if self.embed_scale is not None and scale:  # upstream: without `and scale`
             output = output * self.embed_scale.to(self.weight.dtype)
         return output
 
@@ -1138,6 +1138,10 @@ MUTANTS = [
            "is its count times torch's",
            "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "grad[embed_tokens.weight] (sgbf cases)",
            (TIED_ROW,), _hidden_embedding(freq=False)),
+    Mutant("hidden_embedding_drops_embed_scale",
+           "HiddenParallelEmbedding.forward returns the gathered lookup without Gemma3's embed_scale",
+           "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "logits / grad (escale_gemma3 cases)",
+           (TIED_ROW,), _hidden_embedding(scale=False)),
     Mutant("vocab_embedding_first_row_masked",
            "VocabParallelEmbedding.forward masks input <= vocab_start (off by one): the first token of every "
            "shard is looked up by no rank and embeds to zeros",
@@ -1149,8 +1153,8 @@ MUTANTS = [
            (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
     Mutant("vocab_embedding_drops_embed_scale",
            "VocabParallelEmbedding.forward returns the reduced lookup without Gemma3's embed_scale",
-           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding (escale_gemma3 cases)",
-           (EMBED,), _vocab_embedding(scale=False)),
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits (escale_gemma3 cases)",
+           (TIED_VOCAB, EMBED), _vocab_embedding(scale=False)),
     Mutant("fused_ce_local_sum_exp",
            "_VocabParallelLinearCrossEntropy.forward drops the SUM all-reduce of (exp-sum, target logit): local "
            "denominator, and the target logit only on its owning rank",
