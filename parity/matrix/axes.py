@@ -238,7 +238,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("inf_rows", ("none", "all"), "none", lambda v: f"inf_{v}", quiet_default=True,
          help="ds_vocab_ce, ds_vocab_logprobs, ds_vocab_entropy: two rows of logits that are all -inf (a fully "
               "masked position; one with its target ignored under scattered ignores), where torch gives nan"),
-    Axis("topk", None, 0, lambda v: f"top{v}", minimum=0, quiet_default=True,
+    Axis("topk", (0, 2, 4, 8), 0, lambda v: f"top{v}", quiet_default=True,
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
               "log_softmax(full logits).gather(-1, index)"),

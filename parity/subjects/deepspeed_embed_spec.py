@@ -19,7 +19,7 @@ import dataclasses
 
 from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, reports_grad_norm
-from parity.subjects.deepspeed_tied import as_gemma3_embedding, embed_specs
+from parity.subjects.deepspeed_tied import as_gemma3_embedding, embed_specs, gemma3_unavailable
 
 
 class EmbeddingSpecHead(ColumnGatheredHead):
@@ -33,6 +33,9 @@ class EmbeddingSpecHead(ColumnGatheredHead):
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values),
                                    embed_scale=values.get("embed_scale", "none") == "gemma3")
+
+    def unavailable_reason(self, values):
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
 
     def build(self, values, dtype):
         model = super().build(values, dtype)

@@ -18,13 +18,13 @@ lookup by it cast to the weight dtype, which must be what HF's unsharded forward
 from __future__ import annotations
 
 import copy
-from importlib.util import find_spec
 
 import torch
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims, RankContext, Subject, padding_index
+from parity.subjects.deepspeed_tied import gemma3_unavailable
 from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
 from parity.observe.dtypes import DTYPES
 
@@ -58,9 +58,7 @@ class DirectVocabParallelEmbedding(Subject):
                                       scaled=values.get("embed_scale", "none") == "gemma3")
 
     def unavailable_reason(self, values):
-        if values.get("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
-            return "transformers is not installed (pip install -e '.[hf]'): Gemma3TextScaledWordEmbedding"
-        return super().unavailable_reason(values)
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
 
     def claims(self, values):
         return Claims(module_types={"embedding": "VocabParallelEmbedding"}, param_shards={"weight": 0},

@@ -49,6 +49,12 @@ def tied_spec(spec, values):
                                embed_scale=values.get("embed_scale", "none") == "gemma3")
 
 
+def gemma3_unavailable(values: dict) -> str | None:
+    if values.get("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
+        return "transformers is not installed (pip install -e '.[hf]'): Gemma3TextScaledWordEmbedding"
+    return None
+
+
 def as_gemma3_embedding(model):
     """The user's Gemma3 model holds transformers' own class, the one custom embedding forward AutoTP's embedding
     layers accept (by module and name); the reference's plain-torch twin is swapped for it, the tied Parameter kept."""
@@ -81,9 +87,7 @@ class TiedEmbedding:
         return as_gemma3_embedding(model) if values.get("embed_scale", "none") == "gemma3" else model
 
     def unavailable_reason(self, values):
-        if values.get("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
-            return "transformers is not installed (pip install -e '.[hf]'): Gemma3TextScaledWordEmbedding"
-        return super().unavailable_reason(values)
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
 
 
 class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
