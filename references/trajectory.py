@@ -27,6 +27,13 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
   below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
   counted once: torch.nn.utils.clip_grad_norm_'s rule. The recorded "grad" is the gradient before
   clipping; "grad_norm" is that norm.
+- With ``loss_scale`` (a bf16/fp16 model): torch.amp.GradScaler's dynamic loss scaling
+  (references/grad_scaler.py, where the rule and its source are): the objective is multiplied by the
+  scale before backward, a step any of whose gradients (on any replica) is inf or nan is skipped (its
+  weights and masters stay as they were) and the scale follows GradScaler's update. The records hold
+  the unscaled values (head_input_grad and grad divided by the step's scale, exactly: a power of two),
+  plus per step "loss_scale" (the scale its backward ran under) and "step_skipped" (1 or 0). The float64
+  oracle, where nothing overflows, skips the steps the case-dtype run skipped.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from references.data import count_items, make_batch
+from references.grad_scaler import DynamicScaling, ScalerState, any_non_finite
 from references.sgd import SGD
 from references.tiny_lm import ModelSpec, build_model, capture_head_input_and_grad
 
@@ -56,6 +64,8 @@ class TrainingSpec:
     # False: a bf16/fp16 model stepped by torch.optim.SGD on its own parameters, no float32 copy (what a user who
     # asks for low-precision master weights gets from plain torch); the step applies p.grad as autograd left it.
     master: bool = True
+    # Dynamic loss scaling (torch.amp.GradScaler's rule, references/grad_scaler.py); None: no scaling.
+    loss_scale: DynamicScaling | None = None
 
     def batches(self, step: int, dp_rank: int, vocab: int, ignore_index: int) -> list[dict]:
         return [make_batch(self.seed, step, m, dp_rank, batch=self.batch, seq=self.seq, vocab=vocab,
@@ -147,7 +157,13 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     captured = {}
     capture_head_input_and_grad(model, captured)
 
+    scaler = ScalerState(train.loss_scale) if train.loss_scale is not None and low_precision else None
+    # float64 cannot overflow where fp16 does: the oracle skips what the case-dtype run skipped.
+    skips = (oracle_skips(model_spec, train, case_dtype, autocast) if train.loss_scale is not None and not low_precision
+             else None)
     for step in range(train.steps):
+        scale = scaler.scale if scaler is not None else 1.0
+        found_inf = False
         step_grads = {name: torch.zeros_like(p, dtype=step_dtype) for name, p in params.items()}
         # The step's batches, made once (step_num_items would make them again to count their targets).
         step_batches = [train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
@@ -158,23 +174,43 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
             for micro, batch in enumerate(batches):
                 with (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()):
                     loss, logits = model(**batch, num_items_in_batch=num_items)
-                trainer_objective(loss, train, model_spec.reduction).backward()
+                objective = trainer_objective(loss, train, model_spec.reduction)
+                (objective if scaler is None else objective * scale).backward()
                 traj.put("logits", step, micro, dp_rank, None, logits)
                 traj.put("loss", step, micro, dp_rank, None, loss)
                 traj.put("head_input", step, micro, dp_rank, None, captured.pop("x"))
                 traj.put("head_input_grad", step, micro, dp_rank, None, captured.pop("h"))
+                if scaler is not None:  # unscaled in float64, where dividing by a power of two is exact
+                    traj.records[("head_input_grad", step, micro, dp_rank, None)].div_(scale)
+            if scaler is not None:
+                found_inf = found_inf or any_non_finite(p.grad for p in params.values())
             for name, p in params.items():
-                step_grads[name] += p.grad.to(step_grads[name].dtype) / train.dp
+                grad = p.grad.to(step_grads[name].dtype)
+                step_grads[name] += (grad if scaler is None else grad / scale) / train.dp
         for name, g in step_grads.items():
             traj.put("grad", step, None, None, name, g)
-        if train.clip > 0:
+        if skips is not None:
+            found_inf = step in skips
+        if train.loss_scale is not None:
+            traj.put("loss_scale", step, None, None, None, torch.tensor(scale, dtype=torch.float64))
+            traj.put("step_skipped", step, None, None, None, torch.tensor(float(found_inf), dtype=torch.float64))
+        if scaler is not None:
+            scaler.update(found_inf)
+        if train.clip > 0 and not found_inf:
             step_grads = clip_by_global_norm(step_grads, train.clip, traj, step)
-        optimizer.step(step_grads)
+        if not found_inf:  # GradScaler.step: no update on a step with an inf or nan gradient
+            optimizer.step(step_grads)
         for name, p in params.items():
             traj.put("weight", step, None, None, name, p)
             if optimizer.master is not None:  # low precision: the float32 copy the next update starts from
                 traj.put("master_weight", step, None, None, name, optimizer.master[name])
     return traj
+
+
+def oracle_skips(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torch.dtype, autocast) -> set:
+    """The steps the case-dtype reference's GradScaler skipped (its own run, made again here)."""
+    run = train_reference(model_spec, train, case_dtype, autocast=autocast)
+    return {key[1] for key, value in run.records.items() if key[0] == "step_skipped" and float(value) == 1.0}
 
 
 def clip_by_global_norm(grads: dict, max_norm: float, traj: Trajectory, step: int) -> dict:

@@ -17,6 +17,7 @@ from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
+from parity.checks.resume import check_trained_on, resume_checks
 from parity.checks.one_thread import one_torch_thread
 from parity.checks.tolerances import (ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound,
                                       unit_roundoff)
@@ -217,11 +218,13 @@ class Comparison:
                 self.check_micro(step, micro)
                 self.check_collectives(step, micro)
             self.check_step(step)
+        self.check_skips()
         self.check_stages()
         self.check_lookup_loss_stage()
         self.check_replicas_agree()
         self.check_saved()
-        for check in master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
+        check_trained_on(self)
+        for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
 
@@ -280,6 +283,14 @@ class Comparison:
             wrong = {k: f"{found.get(k)} (formula {v})" for k, v in want.items() if found.get(k) != v}
             self.add("rank_decisions", not wrong, rank=rank,
                      detail=f"differs from the suite's formula: {wrong}" if wrong else f"as the formula: {found}")
+        for key in getattr(self.subject, "agreed_decisions", ()):
+            views = {r: o.facts.get("rank_decisions", {}).get(key) for r, o in sorted(self.obs.items())}
+            if all(v is None for v in views.values()):
+                continue  # a decision this case does not make (fp16 dynamic scaling off)
+            distinct = {repr(v) for v in views.values()}
+            self.add(f"rank_decisions_agree[{key}]", len(distinct) == 1,
+                     detail=f"every rank: {next(iter(views.values()))}" if len(distinct) == 1 else
+                     "ranks disagree: " + "; ".join(f"rank {r}: {v}" for r, v in views.items()))
         for key in ("tp_group", "dp_group"):
             views = {r: o.facts.get("rank_decisions", {}).get(key) for r, o in self.obs.items()}
             # a member that recorded nothing already failed rank_decisions; compare those that did
@@ -574,9 +585,12 @@ class Comparison:
         by_step: dict = {}
         for i, (step, micro, _) in enumerate(where):
             by_step.setdefault(step, []).append((micro, i))
+        skipped = self.reference_skipped()
         for step, items in sorted(by_step.items()):
             if [m for m, _ in items] != list(range(self.train.micro_batches)):
                 continue  # a micro-batch's logits failed end to end: the step's sum is not this stage's
+            if step in skipped:
+                continue  # its gradient holds the overflow's inf; check_skipped_step holds the step
             shares = [stages.shared_rounding_weights(logits[i], orc_dz[i], u) for _, i in items]  # every rank's
             for rank, o in sorted(self.obs.items()):
                 xs = [o.get("head_input", step, m, None) for m, _ in items]
@@ -634,7 +648,37 @@ class Comparison:
                    self.oracle.get(kind, step, micro, dp, None).numpy(), self.floor_dtype(kind),
                    self.sampled_error(kind, step, micro, dp, None), step=step, micro=micro)
 
+    def reference_skipped(self) -> set:
+        """The steps plain torch's GradScaler skipped in the reference (references/grad_scaler.py): an empty set
+        without dynamic loss scaling."""
+        return {key[1] for key, value in self.reference.records.items()
+                if key[0] == "step_skipped" and float(value) == 1.0}
+
+    def check_skipped_step(self, step: int) -> None:
+        """A step the reference skipped for an inf or nan gradient: its gradients hold that inf (nothing to
+        compare), and on every rank every weight must be bitwise what it was before the step, as plain
+        torch's skipped optimizer.step() leaves it; which steps each rank skipped is check_skips'."""
+        names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
+        for rank, o in sorted(self.obs.items()):
+            for name in names:
+                self.exact(f"weight_unchanged[{name}]", o.get("weight", step, None, name),
+                           o.get("weight", step - 1, None, name), step=step, rank=rank)
+
+    def check_skips(self) -> None:
+        """Dynamic loss scaling: the steps each rank's optimizer skipped (rank_decisions "skipped") must be the
+        steps plain torch's GradScaler skipped on the same model and data."""
+        if not any(k[0] == "step_skipped" for k in self.reference.records):
+            return
+        want = sorted(self.reference_skipped())
+        for rank, o in sorted(self.obs.items()):
+            got = o.facts.get("rank_decisions", {}).get("skipped")
+            self.add("skipped_as_torch", got == want, rank=rank,
+                     detail=f"rank skipped steps {got}, torch's GradScaler {want}")
+
     def check_step(self, step: int) -> None:
+        if step in self.reference_skipped():
+            self.check_skipped_step(step)
+            return
         lr = self.train.lr
         names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
         observed = self.observed_grad_norm(step, names) if self.train.clip > 0 else None

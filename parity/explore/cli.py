@@ -82,6 +82,13 @@ def cmd_explore(args) -> int:
     diverged = [v for v in result.verdicts if v.status == "diverged"]
     for v in diverged:
         print(f"  known divergence: {v.case.id}: {v.reason.splitlines()[0][:300]}")
+    if result.unconfirmed:
+        from parity.explore.search import CONFIRM_SEEDS
+
+        print(f"\nrounding-bound misses that did not reproduce at most of {CONFIRM_SEEDS} other seeds (a bound's "
+              f"false-alarm tail, not a finding; failed verdicts in the report, each with its seeds' verdicts):")
+        for u in result.unconfirmed:
+            print(f"  {u.describe()}")
     status = 0
     if result.failure is not None:
         status = 1
@@ -96,6 +103,8 @@ def cmd_explore(args) -> int:
                    "subjects": result.subjects, "seconds": round(result.seconds, 1), "stopped_by": result.stopped_by,
                    "counts": dict(counts), "not_generated": dict(result.not_generated),
                    "cases": [{"id": v.case.id, "verdict": v.status, "reason": v.reason} for v in result.verdicts],
+                   "unconfirmed": [{"id": u.verdict.case.id, "first_failure": u.verdict.first_failure,
+                                    "seeds": u.seeds, "failed_seeds": u.failed_seeds} for u in result.unconfirmed],
                    "failure": None if result.failure is None else {
                        "id": result.failure.case.id, "axes": result.failure.case.values,
                        "first_failure": result.failure.first_failure}}

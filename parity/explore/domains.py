@@ -26,8 +26,10 @@ from parity.subjects import SUBJECTS
 #    code for every count above 2), grain 1..64 (64: init_inference's default), chunk 0..16 (a
 #    micro-batch has 12 tokens: 13..16 is "one chunk bigger than the input").
 #  sp 1..3 (world = tp * sp, capped by --max-world, drawn after tp as dp is).
+#  save_tp 2..8 (the uc_* subjects' saving TP, capped by --max-world; a world it does not divide is no case): a
+#    checkpoint saved at tp 1 has no AutoTP metadata and needs ds_to_universal --inject_missing_state.
 RANGES = {"vocab": (2, 300), "tp": (2, 8), "hidden": (2, 64), "dp": (1, 4), "gas": (1, 4), "grain": (1, 64),
-          "chunk": (0, 16), "sp": (1, 3)}
+          "chunk": (0, 16), "sp": (1, 3), "save_tp": (2, 8)}
 # Values the search does not draw, with why: they are documented refusals (expect.error entries
 # of the case files), not parity cases, so drawing them would only rediscover the refusal.
 HELD_AXES = {
@@ -66,6 +68,11 @@ HELD_AXES = {
                             "ZeRO 3, and zero_init_dtype is a documented divergence on a CPU without fp16"),
     "tp_source": ("tp_size", "an mpu handed to init_inference is a documented divergence at every point (its group "
                              "never reaches the head: cases/deepspeed_inference.toml)"),
+    "optimizer": ("adamw", "ds_to_universal stops at every point of an SGD checkpoint (KeyError 'exp_avg', a documented "
+                           "divergence: cases/deepspeed_universal.toml)"),
+    "loss_scale": ("static", "fp16 dynamic loss scaling is a fixed scenario (cases/deepspeed_loss_scale.toml), designed at "
+                             "one model size where step 0 must overflow (the subject refuses it elsewhere), and a "
+                             "documented divergence at ZeRO 0 at every point"),
     "embedding_dim": ("unset", "embedding_partition_dim 0 is a documented crash at every point (the option is ignored: "
                                "cases/deepspeed_heads.toml), and 1 is the default spelled out"),
 }
@@ -99,7 +106,7 @@ def points(draw, subjects: list[str], max_world: int):
             values[axis] = HELD_AXES[axis][0]
         elif axis in RANGES:
             lo, hi = RANGES[axis]
-            if axis == "tp":
+            if axis in ("tp", "save_tp"):
                 hi = min(hi, max_world)
             elif axis in ("dp", "sp"):  # drawn after tp (every subject lists tp first): the world must fit
                 lo, hi = 1, max(1, min(hi, max_world // values["tp"]))

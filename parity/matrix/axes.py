@@ -185,6 +185,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "consolidated, engine._consolidated_16bit_state_dict() (accelerate's path for an AutoTP engine). Global "
               "rank 0's copy must hold every key of the unsharded model's state_dict, each equal bitwise to the TP "
               "shards concatenated (and so within the weight bound of the reference's final weights)"),
+    Axis("save_tp", None, 2, lambda v: f"from_tp{v}",
+         help="universal-checkpoint subjects (uc_*): the TP size the checkpoint was trained and saved at (the world "
+              "tp x dp stays; its other factor is data parallelism); tp and dp are the resumed run's"),
+    Axis("optimizer", ("adamw", "sgd"), "adamw", str,
+         help="universal-checkpoint subjects (uc_*): the torch optimizer the user trains with: adamw (the "
+              "reference is torch.optim.AdamW, references/adamw_trajectory.py) or sgd (plain torch.optim.SGD)"),
     Axis("keep_on_host", (False, True), False, _flag("host", "nohost"), quiet_default=True,
          help="tensor_parallel.keep_module_on_host: AutoTP creates the head's shards on the host instead of the "
               "accelerator (layers.py move()); training must still compute on the case's device, which each rank "
@@ -200,6 +206,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("overflow_check", (True, False), True, _flag("ovfchk", "noovfchk"), quiet_default=True,
          help="bf16.check_grad_overflow: false lets the ZeRO 1/2 optimizer step without its inf/nan scan of the "
               "gradients (a skipped step on overflow is DeepSpeed's, not torch's) (column_gathered, vocab_parallel)"),
+    Axis("loss_scale", ("static", "dyn19_h1", "dyn19_h1_w2", "dyn19", "dyn10_w1"), "static", lambda v: f"ls_{v}", quiet_default=True,
+         help="fp16 loss scaling (parity/subjects/loss_scaling.py): static, a scale of 1 (every other fp16 case); "
+              "dyn19_h1, dynamic from 2**19 with hysteresis 1 (the first step overflows and is skipped); dyn19_h1_w2, "
+              "the same with loss_scale_window 2 (the scale grows back inside the run); dyn19, DeepSpeed's default "
+              "hysteresis 2; dyn10_w1, from 2**10 with window 1 (grows on clean steps, never overflows). Numbers held to torch.amp.GradScaler (references/grad_scaler.py) (column_gathered, "
+              "vocab_parallel; fp16 at vocab 34, hidden 32, mean only)"),
     Axis("bf16_master", (False, True), False, _flag("bf16master", "fp32master"), quiet_default=True,
          help="bf16.bf16_master_weights_and_grads with bf16_optimizer_states (the one pairing DeepSpeed accepts for a "
               "torch optimizer without offload): the ZeRO 1/2 optimizer keeps bf16 masters and gradients, so the "

@@ -32,6 +32,9 @@ A file holds one or more ``[[matrix]]`` tables:
     [[matrix.known_divergence]]         # or several, each limited to the cases it names:
     where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
                                         # than one gets them merged (reasons and repros joined, checks united)
+    mark = "zero0_grad_dtype"           # or a named mark of cases/marks/known_divergence.toml: its
+                                        # [mark.NAME] table gives the keys above but `where`; the entry adds
+                                        # `where` and any key the mark leaves out, and may not repeat one it sets
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
@@ -44,6 +47,7 @@ and the file's value order, so the same file gives the same ids in the same orde
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import tomllib
@@ -58,11 +62,17 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds", "mark")
+# A named mark is one mechanism, said once for every case file that meets it; `where` stays with each
+# entry, since it names axes of that entry's subject.
+NAMED_MARK_KEYS = tuple(k for k in DIVERGENCE_KEYS if k not in ("where", "mark"))
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
 # neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
 CASES_DIR_VAR = "PARITY_CASES_DIR"
 CASES_DIR = Path(os.environ.get(CASES_DIR_VAR) or Path(__file__).resolve().parents[2] / "cases").resolve()
+# Beside the case files, in a folder of its own: cases/*.toml are all case files (the pytest collector,
+# the CI family list and several tests glob them).
+MARKS_FILE = CASES_DIR / "marks" / "known_divergence.toml"
 
 
 class SelectionError(ValueError):
@@ -238,8 +248,9 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
             # A rejection case has no numerical checks: only the rejection itself and what it left behind
             # (parity.checks.compare.state_after_rejection_checks) can be named.
             bad = sorted(set(divergence.checks) - set(REJECTION_CHECKS))
-            raise CaseFileError(path, f"{key}.checks", f"{bad} not allowed with expect.error",
-                                ", ".join(REJECTION_CHECKS))
+            # Checks a named mark gives are the mark's: the entry holds only its name.
+            at = f"{key}.mark" if "mark" in raw and "checks" not in raw else f"{key}.checks"
+            raise CaseFileError(path, at, f"{bad} not allowed with expect.error", ", ".join(REJECTION_CHECKS))
         divergences.append((rule, divergence))
 
     declared = _collectives(path, f"{where}.collectives", table.get("collectives"))
@@ -277,6 +288,61 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def named_marks() -> dict:
+    """The named marks (cases/marks/known_divergence.toml): name -> its table, each validated as a
+    known_divergence entry is (no subject: binds meet each entry's subject where it is named)."""
+    try:
+        stamp = MARKS_FILE.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    return _named_marks(str(MARKS_FILE), stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _named_marks(path: str, stamp) -> dict:
+    """Read once per load (every entry naming a mark asks); a changed file is read again."""
+    path = Path(path)
+    shown = _display(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseFileError(shown, "(syntax)", str(exc)) from None
+    except OSError as exc:
+        raise CaseFileError(shown, "(file)", exc.strerror or str(exc)) from None
+    for key in data:
+        if key != "mark":
+            raise CaseFileError(shown, key, "unknown top-level key", "mark")
+    tables = data.get("mark")
+    if not isinstance(tables, dict) or not tables:
+        raise CaseFileError(shown, "mark", "no [mark.NAME] tables")
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise CaseFileError(shown, f"mark.{name}", "must be a table", ", ".join(NAMED_MARK_KEYS))
+        for key in table:
+            if key not in NAMED_MARK_KEYS:
+                raise CaseFileError(shown, f"mark.{name}.{key}", "unknown key", ", ".join(NAMED_MARK_KEYS))
+        _divergence(shown, f"mark.{name}", table)
+    return tables
+
+
+def _resolved(path, where, table) -> dict:
+    """A known_divergence entry with its named mark's keys filled in; an entry without one as it is."""
+    if "mark" not in table:
+        return table
+    name = table["mark"]
+    marks = named_marks()
+    if not isinstance(name, str) or name not in marks:
+        raise CaseFileError(path, f"{where}.mark", f"unknown mark {name!r} (no [mark.{name}] in "
+                            f"{_display(MARKS_FILE)})", ", ".join(sorted(marks)))
+    # One source for each key: an entry that restated a key of its mark could quietly say otherwise.
+    again = sorted(set(table) & set(marks[name]))
+    if again:
+        raise CaseFileError(path, f"{where}.{again[0]}", f"already set by mark {name!r}",
+                            f"keys mark {name!r} leaves out: "
+                            + (", ".join(k for k in DIVERGENCE_KEYS if k not in marks[name] and k != "mark")))
+    return {**marks[name], **{k: v for k, v in table.items() if k != "mark"}}
+
+
 def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
     if table is None:
         return None
@@ -285,6 +351,7 @@ def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
     for key in table:
         if key not in DIVERGENCE_KEYS:
             raise CaseFileError(path, f"{where}.{key}", "unknown key", ", ".join(DIVERGENCE_KEYS))
+    own, table = table, _resolved(path, where, table)
     for key in ("reason", "repro"):
         if not isinstance(table.get(key), str) or not table[key].strip():
             raise CaseFileError(path, f"{where}.{key}", "required, a non-empty string")
@@ -306,8 +373,10 @@ def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
             raise CaseFileError(path, f"{where}.binds", f"bad value {binds!r}", "a list of axis names")
         unknown = [a for a in binds if known and a not in known]
         if unknown:
-            raise CaseFileError(path, f"{where}.binds", f"not an axis of the subject: {unknown[0]!r}",
-                                ", ".join(sorted(known)))
+            key, problem = f"{where}.binds", f"not an axis of the subject: {unknown[0]!r}"
+            if "binds" not in own:  # the named mark's: the entry holds only its name
+                key, problem = f"{where}.mark", f"mark {own['mark']!r}: binds {problem}"
+            raise CaseFileError(path, key, problem, ", ".join(sorted(known)))
         binds = tuple(binds)
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds)
 

@@ -26,10 +26,11 @@ FEATURES = {
 }
 # Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec, and how
 # DeepSpeed finds the head (spec_reach, preset_llama, heuristic_blocks: DeepSpeed's module selection, no other
-# framework has it).
+# framework has it), and DeepSpeed's universal checkpoint (uc_*: a save / convert / resume path, not a head's arithmetic).
 OTHER = {"liger_vocab_ce", "ds_vocab_ce", "ds_liger_ce", "ds_liger_no_group", "ds_fused_linear_ce", "ds_reject",
          "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module", "ds_vocab_seq_ce",
-         "inference_head", "embed_spec_untied", "spec_reach", "preset_llama", "heuristic_blocks"}
+         "inference_head", "embed_spec_untied", "spec_reach", "preset_llama", "heuristic_blocks",
+         "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"}
 
 
 def feature(case) -> str | None:

@@ -47,11 +47,13 @@ DS_SEQ_CE = "ds_vocab_seq_ce"
 SPEC_REACH, PRESET, HEURISTIC = "spec_reach", "preset_llama", "heuristic_blocks"
 EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
+# The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
+UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
 FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
             T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
-            SPEC_REACH, PRESET, HEURISTIC)
+            SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
 
 
 @dataclass(frozen=True)
@@ -748,6 +750,38 @@ def _unfused_master_in_model_dtype():
     return _swap(mod.FP16_UnfusedOptimizer, "step", step)
 
 
+def _loss_scaler_ignores_hysteresis():
+    """DynamicLossScaler.update_scale (ZeRO 1-3 with fp16), upstream line for line, except that an overflow halves
+    the scale whatever the hysteresis (delayed_shift) left: the hysteresis key parsed and never applied."""
+    import importlib
+
+    mod = importlib.import_module("deepspeed.runtime.fp16.loss_scaler")
+
+    def update_scale(self, overflow):
+        if overflow:
+            if True:  # planted: was `self.delayed_shift == 1 or self.cur_hysteresis == 1`
+                if (self.cur_scale == self.min_scale) and self.raise_error_at_min_scale:
+                    raise Exception(
+                        "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.")
+                else:
+                    self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow_iter = self.cur_iter
+        else:
+            if self.consecutive_hysteresis:
+                self.cur_hysteresis = self.delayed_shift
+
+            stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+            if (stable_interval > 0) and (stable_interval % self.scale_window == 0):
+                if not self.consecutive_hysteresis:
+                    self.cur_hysteresis = self.delayed_shift
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+    return _swap(mod.DynamicLossScaler, "update_scale", update_scale)
+
+
 def _fused_backward_hidden_grad_in_input_dtype():
     """_VocabParallelLinearCrossEntropy.backward, upstream line for line, except that the hidden
     gradient is accumulated over vocabulary blocks (and all-reduced) in the input dtype, not fp32."""
@@ -1037,6 +1071,40 @@ def _megatron_embedding_unmasked():
     return _swap(layers.VocabParallelEmbedding, "forward", forward)
 
 
+# -- universal checkpoint restore (deepspeed/checkpoint/universal_checkpoint.py) ------------------------------------
+
+def _universal():
+    import importlib
+
+    return importlib.import_module("deepspeed.checkpoint.universal_checkpoint")
+
+
+def _uc_restore_rank0_slice():
+    uc = _universal()
+    original = uc.load_hp_checkpoint_state
+
+    def load_hp_checkpoint_state(self, folder, tp_rank, tp_world_size, ep_rank=0, ep_size=1):
+        # planted: upstream slices the universal tensor for the rank's own tp_rank
+        return original(self, folder, 0, tp_world_size, ep_rank=ep_rank, ep_size=ep_size)
+
+    # enable_universal_checkpoint binds the module's function to each parameter when the optimizer is built
+    return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
+
+
+def _uc_moments_zeroed():
+    uc = _universal()
+    original = uc.load_hp_checkpoint_state
+
+    def load_hp_checkpoint_state(self, folder, tp_rank, tp_world_size, ep_rank=0, ep_size=1):
+        step = original(self, folder, tp_rank, tp_world_size, ep_rank=ep_rank, ep_size=ep_size)
+        fragments = self._hp_mapping.optim_fragment
+        for key in fragments:  # planted: upstream keeps the moments it read; a fresh optimizer's are zeros
+            fragments[key] = fragments[key].new_zeros(fragments[key].shape)
+        return step
+
+    return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
+
+
 MUTANTS = [
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
@@ -1279,6 +1347,12 @@ MUTANTS = [
            "every update: small updates round away as in a pure-bf16 optimizer",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "weight / sgd_update",
            (COLUMN, VOCAB), _unfused_master_in_model_dtype),
+    # fp16 dynamic loss scaling only (cases/deepspeed_loss_scale.toml): a static scale never overflows.
+    Mutant("loss_scaler_ignores_hysteresis",
+           "DynamicLossScaler.update_scale (ZeRO 1-3) halves the scale at every overflow: fp16.hysteresis parsed and "
+           "never applied (what ZeRO 0's optimizers do)",
+           "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler.update_scale", "rank_decisions (hysteresis 2)",
+           (COLUMN,), _loss_scaler_ignores_hysteresis),
     Mutant("fused_ce_hidden_grad_in_input_dtype",
            "_VocabParallelLinearCrossEntropy.backward accumulates the hidden gradient over vocabulary blocks, and "
            "all-reduces it, in the input dtype instead of fp32",
@@ -1290,6 +1364,16 @@ MUTANTS = [
                        "to bf16 (tolerances.SPLIT_K_ROUNDINGS), as the mutant rounds its few per-block partial "
                        "sums; hidden_grad ratio 0.29 -> 0.41. Killing it needs DeepSpeed's own fp32 accumulation "
                        "as the contract, which plain PyTorch does not promise")),
+    Mutant("uc_restore_rank0_slice",
+           "load_hp_checkpoint_state slices every universal tensor for TP rank 0: each resumed rank gets rank 0's "
+           "rows (or hidden columns) of the head",
+           "deepspeed.checkpoint.universal_checkpoint.load_hp_checkpoint_state",
+           "resumed[lm_head.weight.*] on TP ranks > 0", (UC_COLUMN, UC_VOCAB, UC_ROW), _uc_restore_rank0_slice),
+    Mutant("uc_moments_zeroed",
+           "load_hp_checkpoint_state restores the weights but hands AdamW zero moments, as a fresh optimizer has",
+           "deepspeed.checkpoint.universal_checkpoint.load_hp_checkpoint_state",
+           "resumed[*.exp_avg] / resumed[*.exp_avg_sq], then weight", (UC_COLUMN, UC_VOCAB, UC_ROW),
+           _uc_moments_zeroed),
     Mutant("reference_no_causal_shift",
            "the suite's reference CE forgets the causal shift (logits[t] scored against labels[t])",
            "references.tiny_lm.causal_lm_loss", "loss", (COLUMN, VOCAB), _reference_no_causal_shift,

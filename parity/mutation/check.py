@@ -46,6 +46,9 @@ SELECTION = {
         # bf16 under ZeRO 0 (FP16_UnfusedOptimizer), for the precision-only optimizer mutant where fp16
         # engines cannot run; a documented divergence (contract[grad]) that a mutant must push further.
         "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
+        # fp16 dynamic loss scale with DeepSpeed's default hysteresis (the hysteresis mutant): a documented divergence
+        # from GradScaler's skips that a mutant must push further.
+        "column_gathered-fp16-mean-v34-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-ls_dyn19",
     ],
     catalog.VOCAB: [
         "vocab_parallel-torch-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
@@ -133,6 +136,13 @@ SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],
     catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
     catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+})
+SELECTION.update({
+    # Resumed at the saving TP (a rank > 0 must get its own slice back) and at another (tp 2 -> tp 1 x dp 2).
+    catalog.UC_VOCAB: ["uc_vocab_parallel-bf16-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu-lm_head",
+                       "uc_vocab_parallel-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp1-dp2-adamw-cpu-lm_head"],
+    catalog.UC_COLUMN: ["uc_column_gathered-fp32-mean-v35-h8-bias-zero1-gas2-from_tp2-tp2-adamw-cpu"],
+    catalog.UC_ROW: ["uc_row_parallel-fp32-mean-v35-h9-bias-zero1-gas2-from_tp2-tp2-adamw-cpu"],
 })
 SELECTION[catalog.COLUMN].append(
     "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-dp2-cpu")

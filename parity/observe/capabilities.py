@@ -109,14 +109,15 @@ def _cpp_toolchain() -> str | None:
     return None
 
 
-def cpu_flags() -> set[str]:
+@functools.cache  # asked by each claims() of an shm case; a process never changes CPU
+def cpu_flags() -> frozenset[str]:
     """The CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not there)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    return frozenset(line.partition(":")[2].split())
 
 
 def _gpus(count: int):

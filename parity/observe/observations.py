@@ -25,9 +25,13 @@ class RankObservations:
     # facts: module types, backend that ran per micro-batch, process state at case start, ...
     facts: dict = field(default_factory=dict)
 
-    def record(self, kind: str, step: int, micro, name, tensor: torch.Tensor) -> None:
+    def record(self, kind: str, step: int, micro, name, tensor: torch.Tensor, unscale: float = 1.0) -> None:
+        """``unscale``: a loss scale (a power of two) the tensor holds, divided out of the float64 copy, where
+        the division is exact whatever the tensor's dtype; the dtype kept is the tensor's own."""
         key = (kind, step, micro, name)
         self.tensors[key] = tensor.detach().to("cpu", torch.float64).numpy().copy()
+        if unscale != 1.0:
+            self.tensors[key] /= unscale
         self.dtypes[key] = str(tensor.dtype).replace("torch.", "")
         self.devices[key] = str(tensor.device)
 

@@ -26,6 +26,7 @@ from parity.subjects.deepspeed_reach import HeuristicBlocksHead, PresetLlamaHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
 from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
+from parity.subjects.deepspeed_universal import UniversalColumnGathered, UniversalRowParallel, UniversalVocabParallel
 from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
 from parity.subjects.megatron_tp import (MegatronColumnGatheredHead, MegatronVocabParallelEmbedding,
@@ -41,7 +42,8 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
-                                EmbeddingSpecHead(), SpecReachHead(), PresetLlamaHead(), HeuristicBlocksHead(),
+                                EmbeddingSpecHead(), SpecReachHead(), UniversalColumnGathered(), UniversalVocabParallel(),
+                                UniversalRowParallel(), PresetLlamaHead(), HeuristicBlocksHead(),
                                 TorchColumnGatheredHead(), TorchVocabParallelHead(), TorchRowParallelHead(),
                                 TorchVocabParallelEmbedding(),
                                 MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]}

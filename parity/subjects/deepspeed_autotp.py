@@ -18,6 +18,7 @@ from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
+from parity.subjects import loss_scaling
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
 from references.model_config import hf_like_config, text_kv_heads
@@ -30,7 +31,8 @@ COMMON_AXES = {
     "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
-SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None}
+SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None,
+               "loss_scale": None}
 # The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
 AUTOCAST_CONFIG = {"bf16": "bfloat16"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
@@ -492,9 +494,7 @@ class EngineHead(Subject):
         if values["dtype"] == "bf16":
             cfg["bf16"] = {"enabled": True, **BF16_SWITCHES(values)}
         elif values["dtype"] == "fp16":
-            # A static scale of 1: dynamic scaling would skip steps on overflow, which the
-            # reference does not model. The tiny model's gradients are far from fp16's range limits.
-            cfg["fp16"] = {"enabled": True, "loss_scale": 1.0}
+            cfg["fp16"] = loss_scaling.fp16_section(values)
         return cfg
 
     clean_state = CLEAN_STATE
@@ -517,7 +517,13 @@ class EngineHead(Subject):
             found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for
         if values.get("model_config", "none") != "none":
             found["kv_heads"] = text_kv_heads(values["model_config"])
+        if loss_scaling.setting(values) is not None:
+            found.update(loss_scaling.documented(loss_scaling.setting(values), self.training_spec(values).steps))
         return found
+
+    # Decisions every rank must share (compare.check_rank_decisions): a step one rank skips and another applies
+    # leaves the shards of one model at different steps.
+    agreed_decisions = ("loss_scales", "skipped", "skipped_steps")
 
     def requires(self, values):
         # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
@@ -540,7 +546,12 @@ class EngineHead(Subject):
 
     def training_spec(self, values: dict):
         spec = super().training_spec(values)
+        if loss_scaling.grad_scaler(values) is not None:
+            spec = dataclasses.replace(spec, loss_scale=loss_scaling.grad_scaler(values))
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
+
+    def invalid(self, values: dict) -> str | None:
+        return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
     def build(self, values: dict, dtype: torch.dtype) -> torch.nn.Module:
@@ -662,7 +673,13 @@ class EngineHead(Subject):
                 self.capture_head_input(model, captured)
                 backends, comm = {}, {}
                 exclude_engine_reduction(engine)
+                # fp16 dynamic scaling: the gradients DeepSpeed holds until step() are the loss scale times the
+                # user's (its step unscales them); the records divide it back out (a power of two: exact), and
+                # each step's scale and skip decision go to rank_decisions.
+                scaled = loss_scaling.setting(values) is not None
+                scales, skipped = [], []
                 for step in range(train.steps):
+                    scale = loss_scaling.current_scale(engine) if scaled else 1.0
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
                     num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
@@ -682,23 +699,30 @@ class EngineHead(Subject):
                             engine.backward(trainer_objective(loss, train, spec.reduction), scale_wrt_gas=False)
                         comm[(step, micro)] = dict(counts)
                         obs.record("head_input", step, micro, None, captured.pop("x"))
-                        obs.record("head_input_grad", step, micro, None, captured.pop("h"))
+                        obs.record("head_input_grad", step, micro, None, captured.pop("h"), unscale=scale)
                         if engine.is_gradient_accumulation_boundary():
                             # The gradient the update will use: only readable between the boundary
                             # backward and step().
                             for name, p in params.items():
                                 grad = safe_get_full_grad(p)
                                 if grad is not None:
-                                    obs.record("grad", step, None, name, grad)
+                                    obs.record("grad", step, None, name, grad, unscale=scale)
                         # DeepSpeed's contract: step() after every micro-batch; it updates on the boundary.
                         engine.step()
                     obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+                    if scaled:
+                        scales.append(scale)
+                        if loss_scaling.step_overflowed(engine):
+                            skipped.append(step)
                     if train.clip > 0 and reports_grad_norm(values):
                         norm = engine.get_global_grad_norm()
                         obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
                     record_weights(obs, step, params, values["zero"])
                     if self.records_master_weights(values):
                         record_master_weights(obs, step, engine, params, values["zero"])
+                if scaled:
+                    obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped,
+                                                       skipped_steps=int(engine.skipped_steps))
                 obs.facts["loss_backend"] = backends
                 obs.facts["collectives"] = comm
                 if values.get("save", "none") != "none":

@@ -346,7 +346,8 @@ def test_a_lucky_reference_gets_the_smallest_sample_over_the_samples_width():
     lies below it: a lucky draw, so the smallest sample over SAMPLES_WIDTH stands for its RMS error in the
     same RMS bound. Otherwise nothing changes, and the stand-in bound still fails a scale of a few units
     and an error beyond it."""
-    from parity.checks.tolerances import ONE_ROUNDING_RMS, SAMPLES_WIDTH, dispersed, lucky_stand_in, rms_bound
+    from parity.checks.tolerances import (MCA_ONE_ROUNDING, ONE_ROUNDING_RMS, SAMPLES_WIDTH, dispersed,
+                                          lucky_stand_in, rms_bound)
 
     n = 88
     oracle = np.linspace(1.0, 2.0, n)
@@ -364,9 +365,9 @@ def test_a_lucky_reference_gets_the_smallest_sample_over_the_samples_width():
     stand_in = lucky_stand_in(samples, 0.41 * unit, one_rounding)
     assert abs(stand_in - 1.31 * unit / SAMPLES_WIDTH) < 1e-6 * unit
     assert lucky.bound >= rms_bound(stand_in, U32, rms_scale)
-    # Samples whose stand-in stays within one rounding of the values (an exact-ish reference beside the
+    # Samples within what one rounding of the values gives them (an exact-ish reference beside the
     # samples' wider moves), or a reference beyond one rounding itself: not lucky, the bound as it was.
-    within = samples * (0.99 * ONE_ROUNDING_RMS * SAMPLES_WIDTH / 1.31)
+    within = samples * (0.99 * ONE_ROUNDING_RMS * MCA_ONE_ROUNDING / 1.31)
     assert lucky_stand_in(within, 0.41 * unit, one_rounding) is None
     assert judge_close(got, ref, oracle, "fp32", lambda: within).bound == first.bound
     assert lucky_stand_in(samples, 1.01 * one_rounding, one_rounding) is None
@@ -403,6 +404,56 @@ def test_an_end_to_end_reference_below_every_sample_is_a_lucky_draw_of_its_inher
     assert lucky_stand_in(samples, 1.06 * one_rounding, one_rounding, inherits=False) is None
     assert lucky_stand_in(samples, 1.6 * one_rounding, one_rounding, inherits=True) is None
     assert not judge_close(got, ref, oracle, "bf16", lambda: samples, inherits=False).passed
+    assert not judge_close(oracle * (1 + 4 * u16), ref, oracle, "bf16", lambda: samples).passed
+
+
+def test_a_sample_of_values_rounded_once_errs_at_most_mca_one_rounding():
+    """MCA_ONE_ROUNDING is what RoundingNoise gives a tensor rounded once (a narrowing cast): at most 1.5
+    one-roundings, reached at the place in the binade s = 0.72 (mantissa 1.385), about 1.1-1.4 over
+    values spread across the binade."""
+    from parity.checks.tolerances import MCA_ONE_ROUNDING, ONE_ROUNDING_RMS
+
+    u16 = unit_roundoff("bf16")
+    gen = torch.Generator().manual_seed(0)
+    exponents = torch.randint(-8, 8, (200_000,), generator=gen).double()
+    spread = torch.exp2(exponents + torch.rand(200_000, generator=gen, dtype=torch.float64))
+    worst_place = torch.exp2(exponents) * (1.37 + 0.03 * torch.rand(200_000, generator=gen, dtype=torch.float64))
+
+    def ratio(x):
+        with rounding.RoundingNoise(1):
+            y = x.to(torch.bfloat16)
+        one_rounding = ONE_ROUNDING_RMS * u16 * float(x.pow(2).mean().sqrt())
+        return float((y.double() - x).pow(2).mean().sqrt()) / one_rounding
+    assert 1.1 < ratio(spread) < MCA_ONE_ROUNDING
+    assert 1.45 < ratio(worst_place) < MCA_ONE_ROUNDING * 1.01
+
+
+def test_samples_beyond_one_rounding_in_their_own_units_call_a_reference_below_them_lucky():
+    """parity explore --seed 0 (direct_column_gathered bf16, vocabulary 23, hidden 2, reduction none): the
+    embedding gradient at step 4 (46 entries), the reference 0.45 one-roundings, its samples 1.72-3.4 (0.86-1.7
+    over SAMPLES_WIDTH, not dispersed), a correct subject 2.8 (1.06x of the first bound). Every sample errs
+    beyond what one rounding gives a sample (MCA_ONE_ROUNDING), so the reference below the smallest over
+    SAMPLES_WIDTH is a lucky draw. bf16 weights the reference rounds almost exactly (0.05 one-roundings,
+    samples 1.08-1.16) stay out, and the stand-in bound still fails a scale error."""
+    from parity.checks.tolerances import (MCA_ONE_ROUNDING, ONE_ROUNDING_RMS, SAMPLES_WIDTH, dispersed,
+                                          lucky_stand_in)
+
+    u16 = unit_roundoff("bf16")
+    n = 46
+    oracle = np.linspace(0.5, 1.5, n) * np.where(np.arange(n) % 3, 1.0, -1.0)
+    rms_scale = float(np.sqrt(np.mean(oracle ** 2)))
+    one_rounding = ONE_ROUNDING_RMS * u16 * rms_scale
+    ref = oracle + 0.45 * one_rounding * np.sign(np.sin(np.arange(n) + 0.5))
+    got = oracle + 2.8 * one_rounding * np.sign(np.cos(np.arange(n) + 0.5))
+    samples = np.full((ROUNDING_SAMPLES, n), one_rounding) * np.geomspace(1.72, 3.4, ROUNDING_SAMPLES)[:, None]
+    assert not dispersed(samples) and 1.72 / SAMPLES_WIDTH < 1 < 1.72 / MCA_ONE_ROUNDING
+    first = judge_close(got, ref, oracle, "bf16")
+    assert not first.passed and first.criterion == "rms"
+    lucky = judge_close(got, ref, oracle, "bf16", lambda: samples)
+    assert lucky.passed and lucky.criterion.startswith("lucky"), lucky
+    weights = np.full((ROUNDING_SAMPLES, n), one_rounding) * np.linspace(1.08, 1.16, ROUNDING_SAMPLES)[:, None]
+    assert lucky_stand_in(weights, 0.05 * one_rounding, one_rounding, inherits=True) is None
+    assert judge_close(got, ref, oracle, "bf16", lambda: weights).bound == first.bound
     assert not judge_close(oracle * (1 + 4 * u16), ref, oracle, "bf16", lambda: samples).passed
 
 

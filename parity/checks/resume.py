@@ -1,0 +1,113 @@
+"""Universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): what a resumed rank holds against what
+the saving ranks held, and the run trained on against the uninterrupted reference.
+
+Plain PyTorch restores a checkpoint exactly, so every resumed tensor (the model weight, its float32 master and
+AdamW's two moments) must be bitwise the saved layout's TP shards concatenated (data-parallel replica 0, each a
+TP-local tensor DeepSpeed's safe_get_full_* API gathered over ZeRO's partitions) and re-sliced for the resumed
+rank by the suite's own partition formula (parity.observe.partition, through Comparison._param_view's _take).
+The weights after the resume and every step after it, and every micro-batch loss after it, are held to the
+uninterrupted reference within the usual bounds (Comparison.close).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from parity.observe.partition import shard_slice
+
+
+def saved_whole(comparison, name: str, state: str):
+    """The saved tensor whole: the save layout's TP ranks' pieces (DP replica 0) in TP-rank order."""
+    values = comparison.values
+    save_tp = values["save_tp"]
+    dim = comparison.claims.param_shards.get(name)
+    pieces = {}
+    for o in comparison.obs.values():
+        saved = o.facts.get("checkpointed")
+        if saved is None or saved["dp_rank"] != 0:
+            continue
+        pieces[saved["tp_rank"]] = saved["state"].get(name, {}).get(state)
+    if sorted(pieces) != list(range(save_tp)) or any(p is None for p in pieces.values()):
+        return None
+    if dim is None:
+        return pieces[0]
+    return np.concatenate([pieces[r] for r in range(save_tp)], axis=dim)
+
+
+def resume_checks(comparison) -> list[dict]:
+    values = comparison.values
+    if "save_tp" not in values:
+        return []
+    found = []
+    from parity.subjects.deepspeed_universal import SAVED_AFTER, STATES
+
+    names = [k[4] for k in comparison.reference.records if k[0] == "weight" and k[1] == -1]
+    for rank, o in sorted(comparison.obs.items()):
+        resumed = o.facts.get("resumed")
+        if resumed is None:
+            found.append(dict(name="resumed", passed=False, rank=rank, detail="the rank recorded no resumed state"))
+            continue
+        found.append(dict(name="resumed_global_steps", passed=resumed["global_steps"] == SAVED_AFTER, rank=rank,
+                          detail=f"engine.global_steps {resumed['global_steps']} after the load, saved at {SAVED_AFTER}"))
+        if values["optimizer"] == "adamw":  # SGD keeps no step count
+            steps = resumed.get("optimizer_steps")
+            found.append(dict(name="resumed_optimizer_step", passed=steps == [float(SAVED_AFTER)], rank=rank,
+                              detail=f"AdamW's step count(s) {steps} after the load, saved at {SAVED_AFTER}"))
+        for name in names:
+            dim = comparison.claims.param_shards.get(name)
+            for state in ("weight",) + STATES[values["optimizer"]]:
+                whole = saved_whole(comparison, name, state)
+                got = resumed["state"].get(name, {}).get(state)
+                check = f"resumed[{name}.{state}]"
+                if whole is None:
+                    found.append(dict(name=check, passed=False, rank=rank, detail="the saving ranks recorded none"))
+                    continue
+                want = whole
+                if dim is not None:
+                    index = [slice(None)] * whole.ndim
+                    index[dim] = shard_slice(whole.shape[dim], comparison.tp, o.tp_rank, comparison.grain,
+                                             comparison.split)
+                    want = whole[tuple(index)]
+                found.append(_exact(check, got, want, rank))
+    return found
+
+
+def _exact(name, got, want, rank) -> dict:
+    if got is None or got.shape != want.shape:
+        return dict(name=name, passed=False, rank=rank,
+                    detail="not observed" if got is None else f"shape {got.shape} != saved {want.shape}")
+    diff = got != want
+    detail = "bitwise the saved slice"
+    if diff.any():
+        first = tuple(int(i) for i in np.argwhere(diff)[0])
+        detail = f"{int(diff.sum())} of {diff.size} differ; first at {first}: {got[first]!r} vs saved {want[first]!r}"
+    measured = float(np.max(np.abs(got - want))) if got.size else 0.0
+    return dict(name=name, passed=not diff.any(), measured=measured, bound=0.0, detail=detail, rank=rank)
+
+
+def check_trained_on(comparison) -> None:
+    """The resumed weights and the run after them against the uninterrupted reference, within its bounds."""
+    from parity.subjects.deepspeed_universal import SAVED_AFTER
+
+    if "save_tp" not in comparison.values:
+        return
+    ref, orc = comparison.reference, comparison.oracle
+    names = [k[4] for k in ref.records if k[0] == "weight" and k[1] == -1]
+    for rank, o in sorted(comparison.obs.items()):
+        for step in range(SAVED_AFTER - 1, comparison.train.steps):
+            for name in names:
+                def view(a, name=name, rank=rank):
+                    return comparison._param_view(name, a, rank, ref)
+                comparison.close(f"weight[{name}]", o.get("weight", step, None, name),
+                                 view(ref.get("weight", step, None, None, name).numpy()),
+                                 view(orc.get("weight", step, None, None, name).numpy()),
+                                 sampled=comparison.sampled_error("weight", step, None, None, name, view),
+                                 step=step, rank=rank)
+            if step < SAVED_AFTER:
+                continue
+            for micro in range(comparison.values["gas"]):
+                comparison.close("loss", o.get("loss", step, micro, None),
+                                 ref.get("loss", step, micro, o.dp_rank, None).numpy(),
+                                 orc.get("loss", step, micro, o.dp_rank, None).numpy(),
+                                 comparison.floor_dtype("loss"),
+                                 comparison.sampled_error("loss", step, micro, o.dp_rank, None), step=step,
+                                 micro=micro, rank=rank)

@@ -1,0 +1,110 @@
+"""fp16 dynamic loss scaling on the engine heads (issue 13, inventory row fp16.loss_scale ... min_loss_scale).
+
+The loss_scale axis names a DeepSpeed fp16 section. "static" is every other fp16 case's scale of 1. The
+dynamic values start at 2**power on a model whose gradients are known to overflow fp16 there and not at
+half of it (vocab 34, hidden 32, mean, seed 0: the largest gradient, lm_head's bias in row 33, times 2**19
+is 2**0.52 over fp16's largest value at step 0; at 2**18 steps 1-4 stay at least 2**-0.82 under it, and
+each replica of dp 2 at least 2**-0.10; measured with references/grad_scaler.py's rule), so the first step
+must overflow and be skipped on every rank, whatever the sharding. Row 33 is the only one that overflows,
+and it lies in TP rank 1's shard: rank 0's own gradients are finite, so it skips only on its peers' word.
+
+What each rank decided (the scale each step ran under, the steps its optimizer skipped, the engine's
+skipped_steps) is read back from DeepSpeed and held to DeepSpeed's documented schedule (``documented``),
+computed here from the same overflow threshold; the ranks must agree with each other whatever the
+formula says. The numbers are held to plain torch's GradScaler (references/grad_scaler.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from references.grad_scaler import DynamicScaling
+
+
+@dataclass(frozen=True)
+class DynamicSetting:
+    power: int  # initial_scale_power
+    window: int  # loss_scale_window
+    hysteresis: int
+    # The smallest power of two at which this case's model overflows fp16 on every step (module docstring).
+    overflows_from: int = 19
+
+
+LOSS_SCALES = {
+    "static": None,
+    # hysteresis 1: halve on every overflow, as GradScaler; the default window (1000) never grows in 5 steps.
+    "dyn19_h1": DynamicSetting(power=19, window=1000, hysteresis=1),
+    # a window of 2: the scale grows back to 2**19 inside the run, and overflows again there.
+    "dyn19_h1_w2": DynamicSetting(power=19, window=2, hysteresis=1),
+    # DeepSpeed's default hysteresis (2): the first overflow keeps the scale, the second halves it.
+    "dyn19": DynamicSetting(power=19, window=1000, hysteresis=2),
+    # from 2**10, growing after every clean step: never near an overflow (2**14 at most), so nothing is skipped
+    # and every step's numbers are the unscaled gradient's, whatever the scale did.
+    "dyn10_w1": DynamicSetting(power=10, window=1, hysteresis=1),
+}
+# Where the overflow threshold of overflows_from was measured: a dynamic value elsewhere proves nothing.
+DESIGNED_POINT = {"dtype": "fp16", "vocab": 34, "hidden": 32, "reduction": "mean", "bias": True, "clip": 0.0,
+                  "gas": 2, "seed": 0, "ignore": "scattered"}
+
+
+def setting(values: dict) -> DynamicSetting | None:
+    return LOSS_SCALES[values.get("loss_scale", "static")]
+
+
+def invalid_reason(values: dict) -> str | None:
+    if setting(values) is None:
+        return None
+    off = {k: values.get(k, v) for k, v in DESIGNED_POINT.items() if values.get(k, v) != v}
+    if off:
+        return (f"loss_scale {values['loss_scale']!r} is designed for {DESIGNED_POINT} (where the first step must "
+                f"overflow fp16); these values differ: {off}")
+    return None
+
+
+def fp16_section(values: dict) -> dict:
+    found = setting(values)
+    if found is None:
+        # A static scale of 1: the numbers of every other fp16 case, far from fp16's range limits.
+        return {"enabled": True, "loss_scale": 1.0}
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": found.power,
+            "loss_scale_window": found.window, "hysteresis": found.hysteresis}
+
+
+def grad_scaler(values: dict) -> DynamicScaling | None:
+    """What a user moving this config to plain torch sets on torch.amp.GradScaler (no hysteresis there)."""
+    found = setting(values)
+    return None if found is None else DynamicScaling(init_scale=2.0 ** found.power, growth_interval=found.window)
+
+
+def documented(found: DynamicSetting, steps: int) -> dict:
+    """DeepSpeed's schedule as its documentation states it (DynamicLossScaler's docstring and the fp16 config
+    docs): an overflowing step is skipped; the scale is halved (not below min_loss_scale, 1) once ``hysteresis``
+    overflows have been seen ("delay shift"), the count refilled when the scale grows (consecutive_hysteresis
+    false); after ``loss_scale_window`` consecutive iterations without an overflow the scale is doubled. A step
+    overflows iff its scale is at least 2**overflows_from."""
+    scale, left, clean = 2.0 ** found.power, found.hysteresis, 0
+    scales, skipped = [], []
+    for step in range(steps):
+        scales.append(scale)
+        if scale >= 2.0 ** found.overflows_from:
+            skipped.append(step)
+            clean = 0
+            if left <= 1:
+                scale = max(scale / 2, 1.0)
+            else:
+                left -= 1
+            continue
+        clean += 1
+        if clean == found.window:
+            scale, left, clean = scale * 2, found.hysteresis, 0
+    return {"loss_scales": scales, "skipped": skipped, "skipped_steps": len(skipped)}
+
+
+def current_scale(engine) -> float:
+    """The scale the next backward multiplies the loss by (FP16_UnfusedOptimizer and ZeRO's optimizer both
+    expose it as ``loss_scale``)."""
+    return float(engine.optimizer.loss_scale)
+
+
+def step_overflowed(engine) -> bool:
+    """Whether the rank's optimizer skipped the step it just took (the flag engine._take_model_step reads)."""
+    return bool(getattr(engine.optimizer, "overflow", False))
