@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from references.loss import token_entropies, token_losses
+from references.loss import token_entropies, token_logprobs, token_losses
 from references.seeding import exact_inputs
 from references.trajectory import Trajectory
 
@@ -31,12 +31,37 @@ def _targets_and_upstream(gen: torch.Generator, tokens: int, vocab: int, ignore:
     return targets, upstream
 
 
-def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100):
+INF_ROWS = ("none", "all")
+
+
+def ce_inputs(seed: int, tokens: int, vocab: int, ignore: str, dtype: torch.dtype, ignore_index: int = -100,
+              inf_rows: str = "none"):
+    """inf_rows "all": two rows whose logits are all -inf (a fully masked position): token 1 (its target ignored
+    under scattered ignores) and the first later token whose target counts; the other values as drawn."""
     with exact_inputs():
         gen = torch.Generator().manual_seed(seed)
         logits = (3 * torch.randn(tokens, vocab, generator=gen)).to(dtype)
         targets, upstream = _targets_and_upstream(gen, tokens, vocab, ignore, ignore_index)
+    if inf_rows not in INF_ROWS:
+        raise ValueError(f"inf_rows must be one of {INF_ROWS}, got {inf_rows!r}")
+    if inf_rows == "all":
+        counted = next(i for i in range(2, tokens) if targets[i] != ignore_index)
+        logits[[1, counted]] = float("-inf")
     return logits, targets, upstream
+
+
+def topk_index(seed: int, targets: torch.Tensor, vocab: int, k: int, ignore_index: int = -100) -> torch.Tensor:
+    """[tokens, k] ids whose log-probabilities a top-k caller asks for: the target first (ignored where it is),
+    then k-1 ids drawn over the whole vocabulary, repeats allowed (a repeated id must count twice in the
+    gradient); where the target is ignored at token 1 (ignore "scattered") the whole row is, whose gradient
+    is then exactly 0. Drawn from its own generator, so the logits and targets stay those of ce_inputs."""
+    with exact_inputs():
+        gen = torch.Generator().manual_seed(seed + 2)
+        others = torch.randint(0, vocab, (targets.shape[0], k - 1), generator=gen)
+    index = torch.cat([targets.unsqueeze(-1), others], dim=-1)
+    if targets.shape[0] > 1 and targets[1] == ignore_index:
+        index[1] = ignore_index
+    return index
 
 
 def hvp_direction(seed: int, tokens: int, vocab: int) -> torch.Tensor:
@@ -60,9 +85,15 @@ def reduce_losses(losses: torch.Tensor, targets: torch.Tensor, reduction: str, i
 
 
 def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: str) -> torch.Tensor:
-    """The scalar that is backpropagated: per-token weights for "none", a fixed scalar otherwise."""
+    """The scalar that is backpropagated: per-token weights for "none", a fixed scalar otherwise. A per-token
+    result with a trailing top-k dimension also weighs its k columns differently (1, 1.25, 1.5, ...: exact in
+    every dtype), so a gradient given to the wrong one of a token's ids is caught."""
     if reduction == "none":
-        return (loss * upstream.to(loss.dtype)).sum()
+        weights = upstream.to(loss.dtype)
+        if loss.dim() == upstream.dim() + 1:
+            columns = 1 + 0.25 * torch.arange(loss.shape[-1], dtype=loss.dtype, device=loss.device)
+            weights = weights.unsqueeze(-1) * columns
+        return (loss * weights).sum()
     return loss * SCALAR_UPSTREAM
 
 
@@ -87,12 +118,15 @@ def _put_sequence_chunks(traj: Trajectory, records: dict, tokens: int, parts: in
 def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: torch.dtype,
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
                  reduction: str = "none", backward: str = "once", measure: str = "ce",
-                 label_smoothing: float = 0.0, sequence_parts: int = 1, gathered: bool = False) -> Trajectory:
+                 label_smoothing: float = 0.0, sequence_parts: int = 1, gathered: bool = False,
+                 topk: int = 0, inf_rows: str = "none") -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
     "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
     measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
     takes no targets; reduction "none"). label_smoothing: torch's F.cross_entropy semantics
-    (references/loss.py token_losses).
+    (references/loss.py token_losses). topk k > 0 (measure "ce"): the loss is minus the log-probabilities of
+    topk_index's k ids per token ([tokens, k]: -log_softmax(full).gather(-1, index)), reduction "none".
+    inf_rows: ce_inputs' all -inf rows; torch's numbers there are nan (value and gradient), and so are these.
 
     sequence_parts: the records of the whole sequence (one loss over all its tokens, as a user without
     sequence parallelism computes it) split into that many chunks of rows (_put_sequence_chunks);
@@ -101,10 +135,12 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if sequence_parts > 1 and backward != "once":
         raise ValueError(f"sequence_parts {sequence_parts} needs backward 'once', got {backward!r}")
-    logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index)
+    logits, targets, upstream = ce_inputs(seed, tokens, vocab, ignore, case_dtype, ignore_index, inf_rows)
     x = logits.to(compute_dtype or case_dtype).requires_grad_(True)
     if measure == "entropy":
         loss = token_entropies(x)
+    elif topk:
+        loss = -token_logprobs(x, topk_index(seed, targets, vocab, topk, ignore_index), ignore_index)
     else:
         loss = reduce_losses(token_losses(x, targets, ignore_index, label_smoothing), targets, reduction, ignore_index)
     objective = upstream_objective(loss, upstream, reduction)

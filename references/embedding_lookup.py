@@ -7,7 +7,8 @@ this, step by step, like the heads are with the tiny LM. Semantics:
   update moves the table by more than half an ulp), computed in float32 (float64
   for the oracle), T a fixed target drawn from (seed, step, micro) in [-1, 1); it is divided by the
   accumulation count before backward;
-- plain SGD, through float32 master weights when the table is bf16/fp16 (references/sgd.py).
+- plain SGD, through float32 master weights when the table is bf16/fp16 (references/sgd.py);
+- scaled: the lookup times embed_scale, as transformers' Gemma3TextScaledWordEmbedding does it (scaled_lookup).
 """
 from __future__ import annotations
 
@@ -27,6 +28,20 @@ def build_embedding(vocab: int, hidden: int, padding_idx: int | None, seed: int,
         return nn.Embedding(vocab, hidden, padding_idx=padding_idx).to(dtype)
 
 
+def embed_scale(hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma3's embed_scale as its model holds it: sqrt(hidden) made a float32 buffer, cast with the model to
+    ``dtype`` (modeling_gemma3.py: nn.Buffer(torch.tensor(hidden_size ** 0.5)), model.to(dtype) casts buffers).
+    Part of the model, so the float64 oracle uses the same value."""
+    return torch.tensor(hidden ** 0.5, dtype=torch.float32).to(dtype)
+
+
+def scaled_lookup(table: nn.Embedding, ids: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """HF's forward, written out: the lookup times the scale cast to the weight dtype (so a bf16 model multiplies
+    by bf16(sqrt(hidden)) and rounds the product to bf16)."""
+    out = table(ids)
+    return out if scale is None else out * scale.to(table.weight.dtype)
+
+
 def lookup_batch(train: TrainingSpec, step: int, micro: int, vocab: int, hidden: int) -> tuple:
     ids = make_batch(train.seed, step, micro, 0, batch=train.batch, seq=train.seq, vocab=vocab,
                      ignore="none", pad_token=train.pad_token)["input_ids"]
@@ -42,9 +57,11 @@ def lookup_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def train_lookup_reference(vocab: int, hidden: int, padding_idx: int | None, train: TrainingSpec,
-                           case_dtype: torch.dtype, compute_dtype: torch.dtype | None = None) -> Trajectory:
+                           case_dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
+                           scaled: bool = False) -> Trajectory:
     dtype = compute_dtype or case_dtype
     table = build_embedding(vocab, hidden, padding_idx, train.seed, case_dtype).to(dtype)
+    scale = embed_scale(hidden, case_dtype).to(dtype) if scaled else None
     low_precision = dtype in (torch.bfloat16, torch.float16)
     params = {"weight": table.weight}
     optimizer = SGD(params, train.lr, torch.float32 if low_precision else None)
@@ -54,7 +71,7 @@ def train_lookup_reference(vocab: int, hidden: int, padding_idx: int | None, tra
         table.zero_grad(set_to_none=True)
         for micro in range(train.micro_batches):
             ids, target = lookup_batch(train, step, micro, vocab, hidden)
-            out = table(ids)
+            out = scaled_lookup(table, ids, scale)
             loss = lookup_loss(out, target)
             (loss / train.micro_batches).backward()
             traj.put("embedding", step, micro, 0, None, out)

@@ -31,6 +31,17 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
     return torch.where(valid, losses, torch.zeros_like(log_norm))
 
 
+def token_logprobs(logits: torch.Tensor, index: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """log softmax(logits) at each of the ``k`` ids of ``index`` [..., k] over the whole vocabulary, upcast to
+    float32 as token_losses is, 0 where an id is ignore_index: a user's log_softmax(full).gather(-1, index)
+    (a teacher's top-k ids in sparse distillation)."""
+    compute = logits if logits.dtype == torch.float64 else logits.float()
+    valid = index != ignore_index
+    log_p = compute - compute.logsumexp(dim=-1, keepdim=True)
+    picked = log_p.gather(-1, torch.where(valid, index, torch.zeros_like(index)))
+    return torch.where(valid, picked, torch.zeros_like(picked))
+
+
 def token_entropies(logits: torch.Tensor) -> torch.Tensor:
     """The entropy of softmax(logits) per token, -sum_i p_i log p_i over the whole vocabulary, upcast to
     float32 as token_losses is: what plain torch gives a user who computes it from the full logits

@@ -155,9 +155,19 @@ class Comparison:
                       f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
             self.add(name, False, detail=detail, **where)
             return
+        # An infinity (a logit masked to -inf, handed back as given) has no error to bound: the same infinity
+        # exactly where torch's is, as nan is held.
+        expected_inf = np.isinf(oracle)
+        wrong_inf = (expected_inf | np.isinf(got)) & (got != oracle)
+        if wrong_inf.any():
+            detail = (f"infinite where unsharded torch gives a number ({int((np.isinf(got) & ~expected_inf).sum())}), "
+                      f"not torch's infinity ({int((expected_inf & (got != oracle)).sum())})")
+            self.add(name, False, detail=detail, **where)
+            return
         any_nan = bool(expected_nan.any())
-        if any_nan:
-            keep = ~expected_nan
+        any_inf = bool(expected_inf.any())
+        if any_nan or any_inf:
+            keep = ~(expected_nan | expected_inf)
             got, ref, oracle = got[keep], ref[keep], oracle[keep]
             shared = None if shared is None else shared[keep]
             rounded_at = None if rounded_at is None else rounded_at[keep]
@@ -182,6 +192,8 @@ class Comparison:
         detail = judged.describe() if finite else "non-finite values"
         if any_nan:
             detail += f"; {int(expected_nan.sum())} nan as in torch"
+        if any_inf:
+            detail += f"; {int(expected_inf.sum())} infinite as in torch"
         self.add(name, finite and judged.passed, measured=judged.measured, bound=judged.bound, detail=detail, **where)
 
     def exact(self, name, got, want, **where) -> None:

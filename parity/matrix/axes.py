@@ -239,6 +239,21 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),
+    Axis("embed_scale", ("none", "gemma3"), "none", lambda v: f"escale_{v}", quiet_default=True,
+         help="the embedding handed to DeepSpeed is an nn.Embedding (none) or transformers' "
+              "Gemma3TextScaledWordEmbedding with embed_scale sqrt(hidden) (gemma3), whose lookups the reference "
+              "multiplies by that scale cast to the weight dtype, as HF's forward does (vocab_parallel_embedding, "
+              "tied_vocab_parallel, tied_row_parallel)"),
+    Axis("grad_freq", (False, True), False, _flag("sgbf", "nosgbf"), quiet_default=True,
+         help="tied_row_parallel: the embedding's scale_grad_by_freq (each lookup's gradient divided by its id's "
+              "count in the micro-batch, torch's nn.Embedding semantics), which HiddenParallelEmbedding keeps"),
+    Axis("inf_rows", ("none", "all"), "none", lambda v: f"inf_{v}", quiet_default=True,
+         help="ds_vocab_ce, ds_vocab_logprobs, ds_vocab_entropy: two rows of logits that are all -inf (a fully "
+              "masked position; one with its target ignored under scattered ignores), where torch gives nan"),
+    Axis("topk", (0, 2, 4, 8), 0, lambda v: f"top{v}", quiet_default=True,
+         help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
+              "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
+              "log_softmax(full logits).gather(-1, index)"),
     Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
          quiet_default=True),

@@ -266,24 +266,32 @@ def torch_matmul_t(input, weight):
 
 # -- HiddenParallelEmbedding / VocabParallelEmbedding (tied heads, direct embedding) -----------------
 
-def _hidden_embedding_weight_detached():
+def _hidden_embedding(detached=False, freq=True, scale=True):
+    def patch():
+        return _hidden_embedding_forward(detached, freq, scale)
+
+    return patch
+
+
+def _hidden_embedding_forward(detached, freq, scale):
     layers = _layers()
     F = layers.F
 
     def forward(self, input):
         self._assert_compiled_if_deferred()
-        output = F.embedding(input, self.weight.detach(),  # upstream: self.weight
-                             padding_idx=self.padding_idx, scale_grad_by_freq=self.scale_grad_by_freq)
+        output = F.embedding(input, self.weight.detach() if detached else self.weight,  # upstream: self.weight
+                             padding_idx=self.padding_idx,
+                             scale_grad_by_freq=self.scale_grad_by_freq and freq)  # upstream: self.scale_grad_by_freq
         if self.is_tp_parallel:
             output = layers.GatherFromTensorParallelRegion.apply(self.mp_group, output, self._partition_sizes)
-        if self.embed_scale is not None:
+        if self.embed_scale is not None and scale:  # upstream: without `and scale`
             output = output * self.embed_scale.to(self.weight.dtype)
         return output
 
     return _swap(layers.HiddenParallelEmbedding, "forward", forward)
 
 
-def _vocab_embedding(first_excluded=False, reduce=True):
+def _vocab_embedding(first_excluded=False, reduce=True, scale=True):
     def patch():
         layers = _layers()
         F = layers.F
@@ -302,7 +310,7 @@ def _vocab_embedding(first_excluded=False, reduce=True):
                 output = output.masked_fill(input_mask.unsqueeze(-1), 0.0)
                 if reduce:  # upstream: always RowParallel (the all-reduce of the partial lookups)
                     output = layers.RowParallel.apply(self.mp_group, output, not self.is_training_mode())
-            if self.embed_scale is not None:
+            if self.embed_scale is not None and scale:  # upstream: without `and scale`
                 output = output * self.embed_scale.to(self.weight.dtype)
             return output
 
@@ -1192,7 +1200,16 @@ MUTANTS = [
            "HiddenParallelEmbedding.forward looks up weight.detach(): the tied weight gets the projection's "
            "gradient only, not the lookup's (the seed PR's own mutation)",
            "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "grad[embed_tokens.weight]",
-           (TIED_ROW,), _hidden_embedding_weight_detached),
+           (TIED_ROW,), _hidden_embedding(detached=True)),
+    Mutant("hidden_embedding_drops_scale_grad_by_freq",
+           "HiddenParallelEmbedding.forward looks up without scale_grad_by_freq: a repeated id's lookup gradient "
+           "is its count times torch's",
+           "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "grad[embed_tokens.weight] (sgbf cases)",
+           (TIED_ROW,), _hidden_embedding(freq=False)),
+    Mutant("hidden_embedding_drops_embed_scale",
+           "HiddenParallelEmbedding.forward returns the gathered lookup without Gemma3's embed_scale",
+           "deepspeed.module_inject.layers.HiddenParallelEmbedding.forward", "logits / grad (escale_gemma3 cases)",
+           (TIED_ROW,), _hidden_embedding(scale=False)),
     Mutant("vocab_embedding_first_row_masked",
            "VocabParallelEmbedding.forward masks input <= vocab_start (off by one): the first token of every "
            "shard is looked up by no rank and embeds to zeros",
@@ -1202,6 +1219,10 @@ MUTANTS = [
            "VocabParallelEmbedding.forward returns the masked local lookup without the all-reduce",
            "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
            (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
+    Mutant("vocab_embedding_drops_embed_scale",
+           "VocabParallelEmbedding.forward returns the reduced lookup without Gemma3's embed_scale",
+           "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits (escale_gemma3 cases)",
+           (TIED_VOCAB, EMBED), _vocab_embedding(scale=False)),
     Mutant("fused_ce_local_sum_exp",
            "_VocabParallelLinearCrossEntropy.forward drops the SUM all-reduce of (exp-sum, target logit): local "
            "denominator, and the target logit only on its owning rank",

@@ -66,17 +66,22 @@ SELECTION = {
     catalog.TIED_ROW: [
         "tied_row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none",
         "tied_row_parallel-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none",
+        "tied_row_parallel-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none-sgbf",
+        "tied_row_parallel-bf16-mean-v35-h35-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-nopad-espec_none-escale_gemma3",
     ],
     catalog.TIED_VOCAB: [
         "tied_vocab_parallel-torch-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-nopad-espec_none",
         "tied_vocab_parallel-torch-bf16-mean-v34-h35-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none",
+        "tied_vocab_parallel-torch-fp32-mean-v35-h35-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_none-escale_gemma3",
     ],
     catalog.EMBED: [
         "vocab_parallel_embedding-fp32-v35-h32-gas2-tp2-cpu-nopad",
         "vocab_parallel_embedding-bf16-v34-h32-gas2-tp2-cpu-padlast",
+        "vocab_parallel_embedding-bf16-v35-h32-gas2-tp2-cpu-pad0-escale_gemma3",
     ],
     catalog.DS_LOGPROBS: ["ds_vocab_logprobs-fp32-v35-ign_scattered-tp3-cpu",
-                          "ds_vocab_logprobs-bf16-v35-ign_scattered-tp2-cpu"],
+                          "ds_vocab_logprobs-bf16-v35-ign_scattered-tp2-cpu",
+                          "ds_vocab_logprobs-fp32-v35-ign_scattered-tp3-cpu-top4"],
     catalog.DS_ENTROPY: ["ds_vocab_entropy-fp32-v35-tp3-cpu"],
     catalog.DS_KL: ["ds_vocab_kl-fp32-kl_rev-v32-grad_both-tshard_same-tp3-cpu",
                     "ds_vocab_kl-bf16-kl_rev-v35-grad_student-tshard_same-tp3-cpu"],

@@ -21,9 +21,10 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
 from parity.subjects.deepspeed_autotp import claimed_triton, record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, LigerShards, LogitsCE, sp_group, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, sp_group, tp_group
 from parity.observe.dtypes import DTYPES
-from references.cross_entropy import linear_ce_inputs, linear_ce_reference, sequence_chunk, upstream_objective
+from references.cross_entropy import (ce_reference, linear_ce_inputs, linear_ce_reference, sequence_chunk, topk_index,
+                                     upstream_objective)
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
@@ -63,7 +64,8 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     name = "ds_vocab_ce"
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None}
+            "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None,
+            "inf_rows": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -157,18 +159,27 @@ class DeepSpeedVocabParallelLogProbs(LogitsCE):
     """deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs: the log-probability of each target
     under vocabulary-sharded logits (the RL losses' op), 0 at ignored targets. Its negative is the
     per-token cross entropy, so it is held to the same reference (a user's
-    log_softmax(full logits).gather(target), which the suite computes as -CE)."""
+    log_softmax(full logits).gather(target), which the suite computes as -CE). With ``topk`` k the index is
+    [tokens, k] (the op's other documented form, a teacher's top-k ids), held to minus
+    log_softmax(full logits).gather(-1, index)."""
 
     name = "ds_vocab_logprobs"
     description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs on vocabulary shards (its "
                    "negative: the per-token CE)")
-    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None}
+    axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "topk": None, "inf_rows": None}
+
+    def reference(self, values, compute_dtype=None):
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
+                            DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX, topk=values.get("topk", 0),
+                            inf_rows=values.get("inf_rows", "none"))
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_logprobs
 
         setup_deepspeed(ctx)
-        return -vocab_parallel_logprobs(local, targets, tp_group=group, vocab_start_index=part.start,
+        k = values.get("topk", 0)
+        index = topk_index(case_seed(SEED, values), targets.cpu(), values["vocab"], k, IGNORE_INDEX) if k else targets
+        return -vocab_parallel_logprobs(local, index.to(local.device), tp_group=group, vocab_start_index=part.start,
                                         vocab_end_index=part.stop, ignore_index=IGNORE_INDEX)
 
 
@@ -178,7 +189,7 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
 
     name = "ds_vocab_entropy"
     description = "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy on vocabulary shards"
-    axes = {"dtype": None, "vocab": None, "tp": None, "device": None}
+    axes = {"dtype": None, "vocab": None, "tp": None, "device": None, "inf_rows": None}
     measure = "entropy"
 
     def loss(self, values, ctx, local, targets, group, part, obs):

@@ -19,7 +19,7 @@ import dataclasses
 
 from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, reports_grad_norm
-from parity.subjects.deepspeed_tied import embed_specs
+from parity.subjects.deepspeed_tied import as_gemma3_embedding, embed_specs, gemma3_unavailable
 
 
 class EmbeddingSpecHead(ColumnGatheredHead):
@@ -27,11 +27,19 @@ class EmbeddingSpecHead(ColumnGatheredHead):
     description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
                    "row-parallel LinearAllreduce, lm_head column-gathered; padding_idx and clipping must survive.")
     axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column"),
-            "embedding_dim": None}
+            "embedding_dim": None, "embed_scale": None}
     defaults = {"embed_spec": "row"}
 
     def model_spec(self, values):
-        return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values))
+        return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values),
+                                   embed_scale=values.get("embed_scale", "none") == "gemma3")
+
+    def unavailable_reason(self, values):
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
+
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        return as_gemma3_embedding(model) if values.get("embed_scale", "none") == "gemma3" else model
 
     def tensor_parallel_config(self, values):
         dim = values.get("embedding_dim", "unset")

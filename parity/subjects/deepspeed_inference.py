@@ -37,6 +37,7 @@ subject's grain default is 64 and is then not passed (the user's default); any o
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -145,8 +146,9 @@ class InferenceHead(Subject):
     name = "inference_head"
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
+    # head_input flat: the head gets a 2-D [tokens, hidden] state, as a model run on one unbatched sequence hands it.
     axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": NAMED_HEADS, "tp": None,
-            "grain": None, "device": None, "allreduce": None, "tp_source": None}
+            "grain": None, "device": None, "allreduce": None, "tp_source": None, "head_input": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
@@ -165,6 +167,9 @@ class InferenceHead(Subject):
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), steps=1, micro_batches=1)
+
+    def model_spec(self, values):
+        return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))
 
     def claims(self, values):
         head = values["head"]

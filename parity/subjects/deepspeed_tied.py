@@ -17,6 +17,10 @@ gradient (lookup + projection). Both subjects must keep one Parameter per rank, 
 Axes of their own (parity/matrix/axes.py, declared only here, so no other id changes):
 - ``padding``: the embedding's padding_idx (none / token 0 / token vocab-1). HiddenParallelEmbedding
   keeps it as is; VocabParallelEmbedding keeps it only on the rank whose shard holds it, remapped.
+- ``grad_freq`` (tied_row_parallel): the embedding's ``scale_grad_by_freq``.
+- ``embed_scale``: ``gemma3`` hands DeepSpeed transformers' Gemma3TextScaledWordEmbedding (lookups times
+  sqrt(hidden) cast to the weight dtype); both embedding layers carry its buffer, and the reference's model
+  multiplies as HF's forward does (references/tiny_lm.py ScaledWordEmbedding).
 - ``embed_spec``: an explicit partition_config spec for ``embed_tokens.weight``. embed_tokens is
   registered before the head, so the walk reaches it first; the spec must neither slice it on its own
   nor break the tie (the ordering bug #8680 fixes: the tie is snapshotted before the walk).
@@ -24,12 +28,13 @@ Axes of their own (parity/matrix/axes.py, declared only here, so no other id cha
 from __future__ import annotations
 
 import dataclasses
+from importlib.util import find_spec
 
 from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, VocabParallelHead
 from parity.subjects.deepspeed_row import RowParallelHead
 
-TIED_AXES = {"padding": None, "embed_spec": None}
+TIED_AXES = {"padding": None, "embed_spec": None, "embed_scale": None}
 SHARED = (("lm_head.weight", "embed_tokens.weight"),)
 
 
@@ -39,7 +44,30 @@ def embed_specs(values: dict) -> list:
 
 
 def tied_spec(spec, values):
-    return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values))
+    return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values),
+                               scale_grad_by_freq=values.get("grad_freq", False),
+                               embed_scale=values.get("embed_scale", "none") == "gemma3")
+
+
+def gemma3_unavailable(values: dict) -> str | None:
+    if values.get("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
+        return "transformers is not installed (pip install -e '.[hf]'): Gemma3TextScaledWordEmbedding"
+    return None
+
+
+def as_gemma3_embedding(model):
+    """The user's Gemma3 model holds transformers' own class, the one custom embedding forward AutoTP's embedding
+    layers accept (by module and name); the reference's plain-torch twin is swapped for it, the tied Parameter kept."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    plain = model.embed_tokens
+    vocab, hidden = plain.weight.shape
+    scaled = Gemma3TextScaledWordEmbedding(vocab, hidden, plain.padding_idx, embed_scale=hidden ** 0.5)
+    scaled.scale_grad_by_freq = plain.scale_grad_by_freq
+    scaled.to(plain.weight.dtype)  # the buffer, cast with the model as from_pretrained(torch_dtype=...) leaves it
+    scaled.weight = plain.weight
+    model.embed_tokens = scaled
+    return model
 
 
 class TiedEmbedding:
@@ -54,6 +82,13 @@ class TiedEmbedding:
         config["partition_config"]["layer_specs"][:0] = embed_specs(values)
         return config
 
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        return as_gemma3_embedding(model) if values.get("embed_scale", "none") == "gemma3" else model
+
+    def unavailable_reason(self, values):
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
+
 
 class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
     name = "tied_row_parallel"
@@ -61,7 +96,9 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
     # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
     # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None}
+    # grad_freq: HiddenParallelEmbedding keeps scale_grad_by_freq (every rank looks up every id, so the counts are
+    # the batch's); VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad).
+    axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None, "grad_freq": None}
 
     def claims(self, values):
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",

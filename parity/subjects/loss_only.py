@@ -66,7 +66,7 @@ class LogitsCE(Subject):
                             self.ignore_index(values), reduction=values.get("reduction", "none"),
                             backward=values.get("backward", "once"), measure=self.measure,
                             label_smoothing=values.get("label_smoothing", 0.0), sequence_parts=values.get("sp", 1),
-                            gathered=values.get("seq_gather", False))
+                            gathered=values.get("seq_gather", False), inf_rows=values.get("inf_rows", "none"))
 
     def invalid(self, values):
         sp = values.get("sp", 1)
@@ -97,7 +97,7 @@ class LogitsCE(Subject):
         part = self.block(vocab, tp, tp_rank)
         seed = case_seed(SEED, values)
         logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.get("ignore", "none"), DTYPES[values["dtype"]],
-                                              self.ignore_index(values))
+                                              self.ignore_index(values), values.get("inf_rows", "none"))
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
         # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered

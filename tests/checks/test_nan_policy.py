@@ -35,3 +35,15 @@ def test_nan_where_torch_gives_a_number_fails():
 
 def test_the_finite_rest_is_still_held_to_its_bound():
     assert not judge([np.nan, 1.5], [np.nan, 1.0]).passed
+
+
+def test_the_same_infinity_where_torch_has_one_passes_and_drops_out_of_the_bound():
+    check = judge([-np.inf, 1.0], [-np.inf, 1.0])
+    assert check.passed and "1 infinite as in torch" in check.detail
+    assert not judge([-np.inf, 1.5], [-np.inf, 1.0]).passed
+
+
+def test_a_number_or_another_infinity_where_torch_has_one_fails():
+    assert not judge([0.0, 1.0], [-np.inf, 1.0]).passed
+    assert not judge([np.inf, 1.0], [-np.inf, 1.0]).passed
+    assert "infinite where unsharded torch gives a number (1)" in judge([np.inf, 1.0], [2.0, 1.0]).detail

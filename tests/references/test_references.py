@@ -218,3 +218,25 @@ def test_linear_sequence_chunks_keep_the_head_gradients_whole():
             assert torch.equal(split.get(kind, 0, 0, part, None), whole.get(kind, 0, 0, 0, None))
     assert torch.equal(torch.cat([split.get("hidden_grad", 0, 0, p, None) for p in range(2)]),
                        whole.get("hidden_grad", 0, 0, 0, None))
+
+
+def test_topk_logprobs_are_log_softmax_gathered_with_ignored_ids_zero():
+    """The top-k reference is what a user writes: log_softmax of the full logits gathered at the k ids; a
+    repeated id counts twice in the gradient, and an ignored id gives 0 with no gradient."""
+    from references.cross_entropy import topk_index, upstream_objective
+    from references.loss import token_logprobs
+
+    logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([8, -100, 3, 3, 0, 5])
+    index = topk_index(7, targets, 9, 4)
+    assert index.shape == (6, 4) and (index[1] == -100).all() and (index[:, 0][targets != -100] == targets[targets != -100]).all()
+    index[2, 1:3] = 3  # a repeated id
+    got = token_logprobs(logits, index, -100)
+    safe = index.clamp_min(0)
+    want = torch.where(index != -100, torch.log_softmax(logits, -1).gather(-1, safe), torch.zeros(()))
+    torch.testing.assert_close(got, want)
+    upstream = torch.rand(6, dtype=torch.float64) + 0.5
+    (grad,) = torch.autograd.grad(upstream_objective(got, upstream, "none"), logits)
+    (want_grad,) = torch.autograd.grad(upstream_objective(want, upstream, "none"), logits)
+    torch.testing.assert_close(grad, want_grad)
+    assert (grad[1] == 0).all()

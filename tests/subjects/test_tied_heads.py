@@ -193,3 +193,30 @@ def test_direct_embedding_claims_and_reference_padding():
     # the padding token is looked up (rows 0..33 start equal; row 34 is zero only with padding_idx)
     assert not torch.equal(plain.get("grad", 0, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64)) or \
         not torch.equal(plain.get("grad", 4, None, None, "weight")[34], torch.zeros(32, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma3_embedding_is_the_references_twin_and_keeps_the_tie(dtype):
+    """The subject hands DeepSpeed transformers' class; the reference writes its forward out. Same lookups (bf16:
+    the scale rounded to bf16 first), same tied Parameter, and the scale matters (sqrt(35) is not 1)."""
+    pytest.importorskip("transformers")
+    from parity.subjects.deepspeed_tied import as_gemma3_embedding
+
+    spec = ModelSpec(vocab=35, hidden=35, tied=True, padding_idx=34, embed_scale=True)
+    reference = build_model(spec, 3, dtype)
+    subject = as_gemma3_embedding(build_model(spec, 3, dtype))
+    assert type(subject.embed_tokens).__name__ == "Gemma3TextScaledWordEmbedding"
+    assert subject.embed_tokens.weight is subject.lm_head.weight
+    assert subject.embed_tokens.padding_idx == 34 and subject.embed_tokens.embed_scale.dtype == dtype
+    ids = torch.arange(35).view(5, 7)
+    assert torch.equal(subject.embed_tokens(ids), reference.embed_tokens(ids))
+    assert not torch.equal(reference.embed_tokens(ids), reference.embed_tokens.weight[ids])
+
+
+def test_embedding_axes_reach_the_tied_models_spec():
+    row, vocab = SUBJECTS["tied_row_parallel"], SUBJECTS["tied_vocab_parallel"]
+    spec = row.model_spec({**BASE, "grad_freq": True, "embed_scale": "gemma3"})
+    assert spec.scale_grad_by_freq and spec.embed_scale and spec.tied
+    assert build_model(spec, 1, torch.float32).embed_tokens.scale_grad_by_freq
+    assert vocab.model_spec({**BASE, "embed_scale": "gemma3"}).embed_scale
+    assert "grad_freq" not in subject_axes(vocab)  # VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad)
