@@ -66,6 +66,10 @@ class Mutant:
     patch: Callable[[], Callable[[], None]] = field(repr=False)  # applies; returns an undo
     where: str = "rank"  # "rank" (inside every rank process) or "parent" (where references run)
     equivalent: str | None = None  # why the current matrix cannot kill it, if it cannot
+    # The cases of its families' selections that can kill it, where only some can (a mutant of fp16 dynamic loss
+    # scaling: a static scale never overflows); where none of them runs on this machine its cells are "not run
+    # here", not "survived" (they were judged on the H200 host's Xeon: results/h200-loss-scale).
+    cases: tuple = ()
 
     def apply(self) -> Callable[[], None]:
         """Monkeypatch the target; returns a function that restores the original."""
@@ -1352,7 +1356,8 @@ MUTANTS = [
            "DynamicLossScaler.update_scale (ZeRO 1-3) halves the scale at every overflow: fp16.hysteresis parsed and "
            "never applied (what ZeRO 0's optimizers do)",
            "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler.update_scale", "rank_decisions (hysteresis 2)",
-           (COLUMN,), _loss_scaler_ignores_hysteresis),
+           (COLUMN,), _loss_scaler_ignores_hysteresis,
+           cases=("column_gathered-fp16-mean-v34-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-ls_dyn19",)),
     Mutant("fused_ce_hidden_grad_in_input_dtype",
            "_VocabParallelLinearCrossEntropy.backward accumulates the hidden gradient over vocabulary blocks, and "
            "all-reduces it, in the input dtype instead of fp32",

@@ -358,16 +358,18 @@ def _check(args, plan, families, cases, clean, start, not_here=()) -> int:
                "observable": mutant.observable, "where": mutant.where, "equivalent": mutant.equivalent,
                "cells": {}}
         t0 = time.monotonic()
+        # A mutant only some cases can kill (Mutant.cases) runs those; a family where none of them runs here is not judged here.
+        own = {f: [c for c in cases.get(f, ()) if not mutant.cases or c.id in mutant.cases] for f in fams}
         for f in fams:
-            if f in not_here:
+            if f in not_here or not own[f]:
                 row["cells"][f] = {"status": NOT_RUN_HERE, "cases": []}
-        fams = [f for f in fams if f not in not_here]
+        fams = [f for f in fams if f not in not_here and own[f]]
         if not fams:
             rows.append(row)
             print(f"{mutant.name:<36} {NOT_RUN_HERE}", flush=True)
             continue
         # One Runner per mutant: both families use world size 2, so they share one fresh rank group.
-        results = run_cases([cases[f] for f in fams], args.timeout, stop_at_kill=not args.all_cases,
+        results = run_cases([own[f] for f in fams], args.timeout, stop_at_kill=not args.all_cases,
                             mutant=mutant, clean_runner=clean, log_dir=args.logs)
         for f in fams:
             fam_results = [r for r in results if r["case"].startswith(f + "-")]
@@ -408,7 +410,7 @@ def _check(args, plan, families, cases, clean, start, not_here=()) -> int:
     for r in rows:
         for f, c in r["cells"].items():
             if c["status"] == NOT_RUN_HERE:
-                print(f"NOT JUDGED HERE: {r['mutant']} on {f}: no case of {f} runs on this machine")
+                print(f"NOT JUDGED HERE: {r['mutant']} on {f}: no case of {f} that can kill it runs on this machine")
     for r, f, _ in false_alarms:
         print(f"FALSE ALARM: equivalent mutant {r['mutant']} was killed on {f}: the suite rejects a correct variant")
     print(f"rank logs: {args.logs}")

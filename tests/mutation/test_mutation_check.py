@@ -60,6 +60,10 @@ def test_catalog_is_complete():
     for m in mutants.MUTANTS:
         assert m.description and m.replaces and m.observable and m.families
         assert set(m.families) <= set(mutants.FAMILIES) and m.where in ("rank", "parent")
+        # A mutant's own killing cases are cases of its families' selections (the check runs only those).
+        from parity.mutation.check import SELECTION
+
+        assert set(m.cases) <= {i for f in m.families for i in SELECTION[f]}, m.name
 
 
 def test_a_family_that_cannot_run_here_is_left_out_and_named(monkeypatch, capsys):
