@@ -52,12 +52,13 @@ CONFIRM_REACH = 2.0
 
 
 def rounding_misses_only(verdict: Verdict) -> bool:
-    """Whether every failed check that the case's mark does not cover is a rounding bound (a criterion
-    with a nonzero bound: not an exact identity, a contract or a crash) missed by at most CONFIRM_REACH."""
+    """Whether every failed check that the case's mark does not cover is a rounding bound (a measured
+    value held to a nonzero bound, every one of which parity/checks/tolerances.py derives from rounding:
+    not an exact identity, a contract, a count or a crash) missed by at most CONFIRM_REACH."""
     known = verdict.case.divergence
     failed = [c for c in verdict.failed_checks if known is None or known.raises or not known.covers(c.name)]
     return bool(failed) and not verdict.rank_errors and all(
-        c.measured is not None and c.bound and "criterion" in c.detail and c.measured <= CONFIRM_REACH * c.bound
+        c.measured is not None and c.bound and c.measured <= CONFIRM_REACH * c.bound
         for c in failed)
 
 

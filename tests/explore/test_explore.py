@@ -250,6 +250,8 @@ def test_only_rounding_bounds_missed_by_a_little_are_confirmed_over_seeds():
     assert rounding_misses_only(_verdict_with(rms, Check("loss", True, measured=0.1, bound=1.0, detail="max criterion")))
     far = Check("grad[w]", False, measured=CONFIRM_REACH * 1.01, bound=1.0, detail="rms criterion")
     exact = Check("sgd_update[w]", False, measured=1e-9, bound=0.0, detail="max criterion")
+    master = Check("master_weight[w]", False, measured=1.07, bound=1.0)  # no criterion named: a bound all the same
+    assert rounding_misses_only(_verdict_with(master))
     contract = Check("contract[grad]", False, detail="dtype bfloat16, reference float32")
     for other in (far, exact, contract):
         assert not rounding_misses_only(_verdict_with(rms, other)), other
