@@ -17,9 +17,13 @@ import traceback
 from datetime import timedelta
 
 CASE_COLLECTIVE_TIMEOUT_S = 600
-# A CPU rank's environment: DeepSpeed's CPU accelerator, and Liger's Triton kernels in Triton's
-# interpreter (read when triton is imported and kernels are defined).
-CPU_RANK_ENV = {"DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1"}
+# A CPU rank's environment: DeepSpeed's CPU accelerator, Liger's Triton kernels in Triton's
+# interpreter (read when triton is imported and kernels are defined), and no CUDA device: a CPU rank
+# stands for a CPU-only machine, and on a CUDA host it is forked from a forkserver whose imports may
+# have touched CUDA, after which any CUDA call in the child fails ("CUDA error: initialization
+# error"). torch.optim.Adam's step asks torch.cuda whether a graph is being captured whenever CUDA is
+# available: every AdamW case (the universal-checkpoint subjects) failed so on the H200 host's CPU.
+CPU_RANK_ENV = {"DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def prepare_process(device: str) -> None:
