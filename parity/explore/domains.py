@@ -132,6 +132,9 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
                                                                          values.get("grain", 1))) == 0:
         # DeepSpeed refuses an empty vocabulary shard by design (ds_reject vocab_empty_shard / ce_empty_shard).
         return "an empty vocabulary shard (DeepSpeed refuses it: ds_reject vocab_empty_shard, ce_empty_shard)"
+    why = empty_shard_at_save(subject, values)
+    if why:
+        return why
     if values.get("zero", 0) >= 2 and values.get("dp_reduce", "average") in ("prescale", "predivide2"):
         # ZeRO 2 and 3's reduce-scatter refuses DP pre-scaling (an assert at optimizer construction).
         return ("DP gradient pre-scaling under ZeRO 2/3 (DeepSpeed refuses it: ds_reject zero2_prescale, "
@@ -146,6 +149,21 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
     if subject.refuses_uneven_vocab and values["vocab"] % values["tp"]:
         return f"an uneven vocabulary: {subject.refuses_uneven_vocab}"
     return subject.unavailable_reason(values)
+
+
+def empty_shard_at_save(subject, values: dict) -> str | None:
+    """The uc_* subjects train first at save_tp: a vocabulary-parallel head (VocabParallelLinear) that save_tp leaves an
+    empty shard is refused by the saving engine's initialize, the same refusal as at tp (ds_reject vocab_empty_shard).
+    The other heads accept it and are cases (cases/deepspeed_universal.toml: ds_to_universal's crash)."""
+    save_tp = values.get("save_tp")
+    if save_tp is None:
+        return None
+    claims = subject.claims({**values, "tp": save_tp})
+    head = values.get("head", "lm_head")
+    if claims.module_types.get(head) == "VocabParallelLinear" and min(shard_sizes(values["vocab"], save_tp, 1)) == 0:
+        return (f"an empty vocabulary shard at save_tp {save_tp} (the saving engine's initialize refuses it: ds_reject "
+                "vocab_empty_shard)")
+    return None
 
 
 def bf16_switch_off_its_reader(values: dict) -> str | None:

@@ -1,13 +1,15 @@
 """resumed[...] / resumed_global_steps (parity/checks/resume.py, the uc_* subjects): every resumed rank's tensors must
 be bitwise the saving ranks' shards concatenated and re-sliced for the resumed layout. The ways a universal restore
 goes wrong must each fail: TP rank 0's slice on every rank, the moments lost, the shards swapped at save, a missing
-saving rank, the wrong step count."""
+saving rank, the wrong step count; an empty shard's missing optimizer state (nothing to restore) alone passes."""
 import numpy as np
 
 from parity.checks.compare import Comparison, reference_pair
 from parity.checks.resume import resume_checks
+from parity.explore.domains import explored_case
 from parity.matrix.cases import load
 from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_slice
 from parity.subjects import SUBJECTS
 from parity.subjects.deepspeed_universal import SAVED_AFTER
 
@@ -85,3 +87,56 @@ def test_a_missing_state_a_swapped_save_and_the_wrong_step_count_fail():
     assert ("resumed[lm_head.weight.fp32]", 0) in failed(judged(edit_saved=swapped))
     assert {("resumed_global_steps", 0), ("resumed_global_steps", 1), ("resumed_optimizer_step", 0),
             ("resumed_optimizer_step", 1)} <= failed(judged(steps=SAVED_AFTER - 1))
+
+
+def judged_empty_row_shard(edit_resumed) -> dict:
+    """The row head at hidden 2 saved at tp 2 and resumed at tp 4: ranks 2-3 hold a (vocab, 0) slice of lm_head.weight.
+    Each rank's states are the saved ones' right slices; edit_resumed(resumed) then changes what the ranks report."""
+    case = explored_case("uc_row_parallel", {"hidden": 2, "zero": 1, "save_tp": 2, "tp": 4, "dp": 1})
+    subject = SUBJECTS[case.subject]
+    reference, oracle = reference_pair(subject, case.values)
+    ranks = range(4)
+    obs = {r: RankObservations(r, r, 0) for r in ranks}
+    cmp = Comparison(subject, case.values, obs, reference, oracle)
+    names = [k[4] for k in reference.records if k[0] == "weight" and k[1] == -1]
+    saved = {r: {} for r in ranks}
+    resumed = {r: {} for r in ranks}
+    for i, name in enumerate(names):
+        shape = reference.get("weight", -1, None, None, name).shape
+        dim = cmp.claims.param_shards.get(name)
+        for j, state in enumerate(STATES):
+            whole = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) + 1000 * (4 * i + j)
+            for r in ranks:
+                saved_piece = whole
+                if dim is not None:
+                    index = [slice(None)] * whole.ndim
+                    index[dim] = shard_slice(shape[dim], 2, r % 2, 1, cmp.split)
+                    saved_piece = whole[tuple(index)]
+                saved[r].setdefault(name, {})[state] = saved_piece
+                resumed[r].setdefault(name, {})[state] = cmp._param_view(name, whole, r, reference).copy()
+    edit_resumed(resumed)
+    for r in ranks:
+        obs[r].facts["checkpointed"] = {"tp_rank": r % 2, "dp_rank": r // 2, "state": saved[r]}
+        obs[r].facts["resumed"] = {"global_steps": SAVED_AFTER, "optimizer_steps": [float(SAVED_AFTER)],
+                                   "state": resumed[r]}
+    return {(c["name"], c["rank"]): c["passed"] for c in resume_checks(cmp)}
+
+
+def test_no_optimizer_state_for_a_zero_element_shard_passes_and_nothing_else_does():
+    def none_where_empty(resumed):  # what DeepSpeed reports: safe_get_full_* is None for the (vocab, 0) shards
+        for r in (2, 3):
+            assert resumed[r]["lm_head.weight"]["weight"].size == 0
+            for state in STATES[1:]:
+                resumed[r]["lm_head.weight"][state] = None
+    result = judged_empty_row_shard(none_where_empty)
+    assert ("resumed[lm_head.weight.exp_avg]", 3) in result and not failed(result)
+
+    def weight_missing(resumed):  # the weight itself is never excused, empty or not
+        none_where_empty(resumed)
+        resumed[2]["lm_head.weight"]["weight"] = None
+    assert failed(judged_empty_row_shard(weight_missing)) == {("resumed[lm_head.weight.weight]", 2)}
+
+    def state_missing_on_a_full_shard(resumed):
+        none_where_empty(resumed)
+        resumed[1]["lm_head.weight"]["exp_avg"] = None
+    assert failed(judged_empty_row_shard(state_missing_on_a_full_shard)) == {("resumed[lm_head.weight.exp_avg]", 1)}

@@ -68,6 +68,16 @@ def test_points_that_are_not_cases_say_why():
     megatron = {**torch_values, "label_smoothing": 0.0}
     assert "uneven vocabulary" in not_a_case("megatron_vocab_parallel", {**megatron, "vocab": 151, "tp": 3}, 8)
     assert not_a_case("megatron_vocab_parallel", {**megatron, "vocab": 150, "tp": 3}, 8) is None
+    # The uc_* subjects first train at save_tp: an empty vocabulary shard there is the saving engine's refusal for the
+    # vocabulary-parallel head (explore met it at vocab 2, save_tp 4), while the column and row heads accept it and are
+    # cases (ds_to_universal's crash, cases/deepspeed_universal.toml).
+    uc = {"dtype": "fp32", "reduction": "mean", "vocab": 3, "hidden": 8, "bias": True, "zero": 1, "gas": 2,
+          "save_tp": 4, "tp": 2, "dp": 2, "optimizer": "adamw", "device": "cpu"}
+    assert "empty vocabulary shard at save_tp 4" in not_a_case("uc_vocab_parallel", {**uc, "head": "lm_head"}, 8)
+    assert "empty vocabulary shard at save_tp 4" in not_a_case("uc_vocab_parallel", {**uc, "head": "output"}, 8)
+    assert not_a_case("uc_vocab_parallel", {**uc, "vocab": 4, "head": "lm_head"}, 8) is None
+    assert not_a_case("uc_column_gathered", uc, 8) is None
+    assert not_a_case("uc_row_parallel", {**uc, "vocab": 2, "hidden": 2}, 8) is None
 
 
 def test_a_twin_of_the_default_matrix_keeps_its_expectation():
