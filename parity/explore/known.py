@@ -28,6 +28,11 @@ Two ways an explored case meets a mark:
    marks listing the stages and settings where it was first seen stopped explore seeds 1, 13 and 14
    (H200 host's CPUs) at the same mechanism under ZeRO 2. Like ``any_size``, it is the case file's
    statement about the mechanism, and the evidence below still has to fit.
+4. A mark that says ``uneven_vocab = true`` admits only cases whose vocabulary splits unevenly over tp (the
+   suite's formula, parity/observe/partition.py, at the case's vocab, tp and grain): its mechanism is the
+   TP ranks' unequal layouts, which no axis value names (3 over 2 and 55 over 2 are uneven, 4 and 54 not), and
+   with equal shards the same check must still hold (explore seed 1 met the TP replicas of proj.weight drifting
+   apart under bf16 masters at vocab 3 and 55).
 
 A mark is only an explanation, and it must fit the evidence: the case's outcome is judged again
 with the mark attached, and only a "diverged" verdict (every failed check covered by the mark's
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.explore.domains import RANGES, default_of
+from parity.observe.partition import split_sizes
 from parity.matrix.cases import Case, KnownDivergence, _display, _divergence, default_files, expand_matrix, load
 from parity.subjects import SUBJECTS
 
@@ -58,7 +64,15 @@ class Mark:
     def admits(self, case: Case) -> bool:
         values = case.values
         return case.subject == self.subject and all(
-            any(type(values[a]) is type(v) and values[a] == v for v in allowed) for a, allowed in self.axes)
+            any(type(values[a]) is type(v) and values[a] == v for v in allowed) for a, allowed in self.axes) and (
+            not self.divergence.uneven_vocab or uneven_vocab(case))
+
+
+def uneven_vocab(case: Case) -> bool:
+    """Whether the case's vocabulary shards differ in size, by the suite's formula and the subject's split."""
+    values = case.values
+    split = SUBJECTS[case.subject].claims(values).split
+    return len(set(split_sizes(values["vocab"], values["tp"], values.get("grain", 1), split))) > 1
 
 
 def marks(paths=None) -> list[Mark]:

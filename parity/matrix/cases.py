@@ -29,6 +29,9 @@ A file holds one or more ``[[matrix]]`` tables:
                                         # these admit (its other axes free, parity/explore/known.py); one the table
                                         # does not list binds at its default; [] = `where` alone. A statement
                                         # about the mechanism, as any_size is
+    uneven_vocab = true                 # optional: the mechanism needs TP shards of unequal size (the suite's
+                                        # formula at the case's vocab, tp and grain); parity explore carries the
+                                        # mark to no case whose vocabulary splits evenly
     [[matrix.known_divergence]]         # or several, each limited to the cases it names:
     where = { zero = [0], dtype = ["bf16"] }   # (axis -> values, as [[matrix.only]]); a case under more
                                         # than one gets them merged (reasons and repros joined, checks united)
@@ -62,7 +65,7 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds", "mark")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds", "uneven_vocab", "mark")
 # A named mark is one mechanism, said once for every case file that meets it; `where` stays with each
 # entry, since it names axes of that entry's subject.
 NAMED_MARK_KEYS = tuple(k for k in DIVERGENCE_KEYS if k not in ("where", "mark"))
@@ -108,6 +111,9 @@ class KnownDivergence:
     raises: str = ""  # a crash, not a number: "Type: message" fragment some rank must raise
     any_size: bool = False  # the case file says the mechanism holds at every size (parity explore may carry it)
     binds: tuple | None = None  # the axes the mechanism depends on, where the case file names them (explore)
+    # the mechanism needs unequal vocabulary shards (equal ones give every TP rank the same layout): explore
+    # carries the mark to no case whose vocabulary splits evenly
+    uneven_vocab: bool = False
 
     def covers(self, check_name: str) -> bool:
         return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
@@ -378,7 +384,11 @@ def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
                 key, problem = f"{where}.mark", f"mark {own['mark']!r}: binds {problem}"
             raise CaseFileError(path, key, problem, ", ".join(sorted(known)))
         binds = tuple(binds)
-    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds)
+    uneven_vocab = table.get("uneven_vocab", False)
+    if not isinstance(uneven_vocab, bool):
+        raise CaseFileError(path, f"{where}.uneven_vocab", f"bad value {uneven_vocab!r}", "true or false")
+    return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds,
+                           uneven_vocab)
 
 
 def _merged(path, where, found: list) -> KnownDivergence | None:

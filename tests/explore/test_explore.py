@@ -203,8 +203,34 @@ def test_a_mark_that_binds_its_mechanisms_axes_frees_the_others():
                    for m in norm)
 
 
+def test_the_flat_layout_mark_reaches_uneven_vocabularies_only():
+    # parity explore --seed 1 stopped twice on the TP replicas of proj.weight drifting apart under bf16 masters at
+    # tp 2 x dp 2 (column_gathered vocab 3, hidden 6, ZeRO 1; vocab_parallel vocab 55, hidden 55, ZeRO 2, grain 16,
+    # ignore_index 0): the flat-layout mark carries over sizes, but not to an even vocabulary (equal layouts: the
+    # replicas must agree), nor to fp32 masters at dp 2 (a commutative sum), nor to ZeRO 0 or 3 (no flat partition).
+    values = {"dtype": "bf16", "reduction": "mean", "vocab": 7, "hidden": 20, "bias": True, "head": "lm_head",
+              "ignore": "scattered", "zero": 1, "gas": 3, "tp": 2, "dp": 2, "grain": 1, "clip": 0.0, "device": "cpu",
+              "bf16_master": True}
+    layout = [m for m in MARKS.marks if m.divergence.repro.endswith("tp_replica_flat_layout.py")]
+    assert layout and all(m.divergence.uneven_vocab for m in layout)
+
+    def admitted(subject, **changed):
+        return any(m.admits(explored_case(subject, {**values, **changed})) for m in layout)
+
+    assert admitted("column_gathered") and admitted("column_gathered", vocab=101, hidden=3)
+    assert admitted("vocab_parallel", vocab=55, hidden=55, zero=2, grain=16, ignore_index=0, ignore="none")
+    assert not admitted("column_gathered", vocab=8) and not admitted("vocab_parallel", vocab=54, zero=2)
+    # in grains of 16, 48 rows split 32/16 (uneven) and 64 rows 32/32
+    assert admitted("column_gathered", vocab=48, grain=16) and not admitted("column_gathered", vocab=64, grain=16)
+    assert not admitted("column_gathered", bf16_master=False) and not admitted("column_gathered", zero=3)
+    assert not admitted("column_gathered", dp=1)  # rare at dp 1 (a straddled multiple of 32): still held
+    # the summed gradient's order at dp 3: fp32 masters, any uneven vocabulary; an even one is still held
+    assert admitted("vocab_parallel", dtype="fp32", bf16_master=False, dp=3, vocab=9, tp=2)
+    assert not admitted("vocab_parallel", dtype="fp32", bf16_master=False, dp=3, vocab=10, tp=2)
+
+
 @pytest.mark.parametrize("line, error", [('binds = ["paddding"]', "binds.*paddding"),  # an axis the subject lacks
-                                         ('any_size = "yes"', "any_size")])
+                                         ('any_size = "yes"', "any_size"), ('uneven_vocab = 1', "uneven_vocab")])
 def test_a_bad_mark_key_is_a_one_line_error_naming_it(tmp_path, line, error):
     from parity.matrix.cases import CaseFileError, load_file
 
