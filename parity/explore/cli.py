@@ -83,10 +83,12 @@ def cmd_explore(args) -> int:
     for v in diverged:
         print(f"  known divergence: {v.case.id}: {v.reason.splitlines()[0][:300]}")
     if result.unconfirmed:
-        from parity.explore.search import CONFIRM_SEEDS
+        from parity.explore.search import CONFIRM_SEEDS, write_unconfirmed
 
+        path = write_unconfirmed(result, args.report or tempfile.mkdtemp(prefix="parity-explore-"))
         print(f"\nrounding-bound misses that did not reproduce at most of {CONFIRM_SEEDS} other seeds (a bound's "
-              f"false-alarm tail, not a finding; failed verdicts in the report, each with its seeds' verdicts):")
+              f"false-alarm tail, not a finding; failed verdicts in the report, each with its seeds' verdicts; "
+              f"their entries in {path}):")
         for u in result.unconfirmed:
             print(f"  {u.describe()}")
     status = 0

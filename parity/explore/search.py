@@ -80,7 +80,7 @@ class Unconfirmed:
         return (f"{self.verdict.case.id}: {self.verdict.first_failure.splitlines()[0]}; failed at "
                 f"{len(self.failed_seeds)} of {len(self.seeds)} other seeds"
                 + (f" ({', '.join(map(str, self.failed_seeds))})" if self.failed_seeds else "")
-                + f"\n    {self.verdict.repro()}")
+                + f"\n    {self.verdict.repro()} --seeds {1 + max(self.seeds)}")
 
 
 class BudgetSpent(BaseException):
@@ -248,3 +248,23 @@ def write_failure(result: Exploration, directory) -> tuple[Path, str]:
     result.failure.case = replace(case, source=f"{path}:matrix[0]")
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(result.failure.env.items()))
     return path, f"{env}parity run --matrix {shlex.quote(str(path))} --case {case.id}"
+
+
+UNCONFIRMED_FILE = "explore-unconfirmed.toml"
+
+
+def write_unconfirmed(result: Exploration, directory) -> Path:
+    """The unconfirmed misses as case entries, one per case, under directory; each verdict's reproducer then
+    names that file (read back: every entry must make its case)."""
+    path = Path(directory) / UNCONFIRMED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(entry_toml(u.verdict.case.subject, u.verdict.case.values,
+                                         f"a rounding-bound miss parity explore --seed {result.seed} met; it failed at "
+                                         f"{len(u.failed_seeds)} of {len(u.seeds)} other seeds")
+                               for u in result.unconfirmed))
+    made = {c.id: c for c in load_file(path)}
+    for u in result.unconfirmed:
+        if u.verdict.case.id not in made:
+            raise RuntimeError(f"{path} does not make {u.verdict.case.id}")
+        u.verdict.case = replace(u.verdict.case, source=f"{path}:matrix")
+    return path

@@ -322,3 +322,14 @@ def test_a_miss_is_a_failure_where_most_other_seeds_fail_too(monkeypatch):
         assert (out is None) == confirmed, (failing, out)
         if out is not None:
             assert out.failed_seeds == sorted(failing) and "other seeds" in out.describe()
+
+
+def test_unconfirmed_misses_are_written_as_entries_their_commands_run(tmp_path):
+    from parity.checks.compare import Check
+    from parity.explore.search import Exploration, Unconfirmed, write_unconfirmed
+
+    miss = _verdict_with(Check("grad[w]", False, measured=1.05, bound=1.0, detail="rms criterion"))
+    result = Exploration(0, 1.0, 4, [miss.case.subject], unconfirmed=[Unconfirmed(miss, [], list(range(1, 9)))])
+    path = write_unconfirmed(result, tmp_path)
+    assert [c.id for c in load_file(path)] == [miss.case.id]
+    assert f"--matrix {path}" in result.unconfirmed[0].describe() and "--seeds 9" in result.unconfirmed[0].describe()
