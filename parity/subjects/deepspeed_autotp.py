@@ -18,7 +18,7 @@ from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
-from parity.subjects import loss_scaling
+import parity.subjects.loss_scaling as loss_scaling  # the module, not the package: no import cycle
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
 from parity.observe.dtypes import DTYPES
 from references.model_config import hf_like_config, text_kv_heads
