@@ -304,21 +304,26 @@ def named_marks() -> dict:
     return _named_marks(str(MARKS_FILE), stamp)
 
 
+def _read_toml(path: Path, named, top: str):
+    """The one top-level key a case or marks file may hold, read from path; errors name the file as `named`."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseFileError(named, "(syntax)", str(exc)) from None
+    except OSError as exc:
+        raise CaseFileError(named, "(file)", exc.strerror or str(exc)) from None
+    for key in data:
+        if key != top:
+            raise CaseFileError(named, key, "unknown top-level key", top)
+    return data.get(top)
+
+
 @functools.lru_cache(maxsize=4)
 def _named_marks(path: str, stamp) -> dict:
     """Read once per load (every entry naming a mark asks); a changed file is read again."""
     path = Path(path)
     shown = _display(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise CaseFileError(shown, "(syntax)", str(exc)) from None
-    except OSError as exc:
-        raise CaseFileError(shown, "(file)", exc.strerror or str(exc)) from None
-    for key in data:
-        if key != "mark":
-            raise CaseFileError(shown, key, "unknown top-level key", "mark")
-    tables = data.get("mark")
+    tables = _read_toml(path, shown, "mark")
     if not isinstance(tables, dict) or not tables:
         raise CaseFileError(shown, "mark", "no [mark.NAME] tables")
     for name, table in tables.items():
@@ -432,16 +437,7 @@ def _collectives(path, where, table) -> tuple:
 def load_file(path) -> list[Case]:
     path = Path(path)
     shown = _display(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise CaseFileError(path, "(syntax)", str(exc)) from None
-    except OSError as exc:
-        raise CaseFileError(path, "(file)", exc.strerror or str(exc)) from None
-    for key in data:
-        if key != "matrix":
-            raise CaseFileError(path, key, "unknown top-level key", "matrix")
-    matrices = data.get("matrix")
+    matrices = _read_toml(path, path, "matrix")
     if not isinstance(matrices, list) or not matrices:
         raise CaseFileError(path, "matrix", "no [[matrix]] tables")
     cases = [c for i, m in enumerate(matrices) for c in expand_matrix(shown, i, m)]
