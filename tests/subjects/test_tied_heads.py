@@ -11,6 +11,7 @@ from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
 from references.tiny_lm import ModelSpec, build_model
 from references.trajectory import TrainingSpec
+from tests.conftest import skip_or_fail
 
 CASES = Path(__file__).resolve().parents[2] / "cases"
 TIED_FILE = CASES / "deepspeed_tied_heads.toml"
@@ -199,7 +200,10 @@ def test_direct_embedding_claims_and_reference_padding():
 def test_gemma3_embedding_is_the_references_twin_and_keeps_the_tie(dtype):
     """The subject hands DeepSpeed transformers' class; the reference writes its forward out. Same lookups (bf16:
     the scale rounded to bf16 first), same tied Parameter, and the scale matters (sqrt(35) is not 1)."""
-    pytest.importorskip("transformers")
+    from importlib.util import find_spec
+
+    if find_spec("transformers") is None:
+        skip_or_fail("transformers is not installed (pip install -e '.[hf]'); requirements-cpu.txt pins it")
     from parity.subjects.deepspeed_tied import as_gemma3_embedding
 
     spec = ModelSpec(vocab=35, hidden=35, tied=True, padding_idx=34, embed_scale=True)
