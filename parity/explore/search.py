@@ -160,7 +160,7 @@ def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unc
     """The case at CONFIRM_SEEDS other seeds, each verdict handed to record: None where more than half
     of them fail too (a failure), else the miss as Unconfirmed."""
     own = case.values.get("seed", 0)
-    seeds = [s for s in range(own + 1, own + 2 + CONFIRM_SEEDS) if s != own][:CONFIRM_SEEDS]
+    seeds = list(range(own + 1, own + 1 + CONFIRM_SEEDS))
     failed = []
     for s in seeds:
         again = run_case(runner, at_seed(verdict.case, s), marks)  # under the mark it was judged by
