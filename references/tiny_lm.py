@@ -31,6 +31,9 @@ class ModelSpec:
     padding_idx: int | None = None
     # nn.Embedding(scale_grad_by_freq=True): each lookup's gradient divided by its id's count in the batch.
     scale_grad_by_freq: bool = False
+    # nn.Embedding(max_norm=...): every looked-up row whose L2 norm exceeds it is renormalised to it, in place, by
+    # the lookup itself (torch.embedding_renorm_). None: no renormalisation.
+    max_norm: float | None = None
     # Gemma3's scaled word embedding: lookups times sqrt(hidden) (ScaledWordEmbedding).
     embed_scale: bool = False
     label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
@@ -42,8 +45,10 @@ class ScaledWordEmbedding(nn.Embedding):
     """transformers' Gemma3TextScaledWordEmbedding written out in plain torch: a float32 buffer sqrt(hidden), cast
     with the model, and a forward that multiplies the lookup by it cast to the weight dtype (modeling_gemma3.py)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale_grad_by_freq: bool):
-        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq)
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale_grad_by_freq: bool,
+                 max_norm: float | None = None):
+        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq,
+                         max_norm=max_norm)
         self.register_buffer("embed_scale", torch.tensor(embedding_dim ** 0.5), persistent=False)
 
     def forward(self, input_ids):
@@ -55,10 +60,11 @@ class TinyCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         if spec.embed_scale:
-            self.embed_tokens = ScaledWordEmbedding(spec.vocab, spec.hidden, spec.padding_idx, spec.scale_grad_by_freq)
+            self.embed_tokens = ScaledWordEmbedding(spec.vocab, spec.hidden, spec.padding_idx, spec.scale_grad_by_freq,
+                                                    spec.max_norm)
         else:
             self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, padding_idx=spec.padding_idx,
-                                             scale_grad_by_freq=spec.scale_grad_by_freq)
+                                             scale_grad_by_freq=spec.scale_grad_by_freq, max_norm=spec.max_norm)
         self.proj = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
         self.replace_head(nn.Linear(spec.hidden, spec.vocab, bias=spec.bias))
         if spec.tied:

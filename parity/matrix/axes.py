@@ -245,8 +245,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "multiplies by that scale cast to the weight dtype, as HF's forward does (vocab_parallel_embedding, "
               "tied_vocab_parallel, tied_row_parallel)"),
     Axis("grad_freq", (False, True), False, _flag("sgbf", "nosgbf"), quiet_default=True,
-         help="tied_row_parallel: the embedding's scale_grad_by_freq (each lookup's gradient divided by its id's "
-              "count in the micro-batch, torch's nn.Embedding semantics), which HiddenParallelEmbedding keeps"),
+         help="tied_row_parallel, embed_spec_untied: the embedding's scale_grad_by_freq (each lookup's gradient "
+              "divided by its id's count in the micro-batch, torch's nn.Embedding semantics), which "
+              "HiddenParallelEmbedding keeps"),
+    Axis("max_norm", (0.0, 1.0), 0.0, lambda v: "nomaxn" if v == 0 else f"maxn{v:g}", quiet_default=True,
+         help="embed_spec_untied: the embedding's max_norm (0 = off): each lookup renormalises, in place, every "
+              "looked-up row whose L2 norm exceeds it (torch's nn.Embedding semantics)"),
     Axis("inf_rows", ("none", "all"), "none", lambda v: f"inf_{v}", quiet_default=True,
          help="ds_vocab_ce, ds_vocab_logprobs, ds_vocab_entropy: two rows of logits that are all -inf (a fully "
               "masked position; one with its target ignored under scattered ignores), where torch gives nan"),

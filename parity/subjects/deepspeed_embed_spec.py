@@ -5,7 +5,9 @@ Linear that reads it (``proj``: ``LinearAllreduce``, its input is the embedding'
 is the column-gathered ``LinearLayer``. AutoTP's ``_slice_embedding`` (module_inject/auto_tp.py:886-929)
 rebuilds the embedding as a bare ``nn.Embedding(V, H/P)``: the claims say what a user must get, the
 hidden-sliced embedding with the user's ``padding_idx`` kept (the reference: the padding row never
-receives a gradient) and counted once by the clipping norm.
+receives a gradient) and counted once by the clipping norm. ``grad_freq`` and ``max_norm`` (the embedding's
+``scale_grad_by_freq`` and ``max_norm``) are options of the same nn.Embedding that the rebuild must carry; max_norm
+renormalises whole rows, which a hidden slice alone cannot compute.
 
 Axes of the tied subjects reused here: ``padding`` (the embedding's padding_idx) and ``embed_spec``
 (the spec's partition_type; AutoTP slices the hidden dim for either). ``embedding_dim`` sets
@@ -27,12 +29,14 @@ class EmbeddingSpecHead(ColumnGatheredHead):
     description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
                    "row-parallel LinearAllreduce, lm_head column-gathered; padding_idx and clipping must survive.")
     axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column"),
-            "embedding_dim": None, "embed_scale": None}
+            "embedding_dim": None, "embed_scale": None, "grad_freq": None, "max_norm": None}
     defaults = {"embed_spec": "row"}
 
     def model_spec(self, values):
+        max_norm = values.get("max_norm", 0.0)
         return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values),
-                                   embed_scale=values.get("embed_scale", "none") == "gemma3")
+                                   embed_scale=values.get("embed_scale", "none") == "gemma3",
+                                   scale_grad_by_freq=values.get("grad_freq", False), max_norm=max_norm or None)
 
     def unavailable_reason(self, values):
         return gemma3_unavailable(values) or super().unavailable_reason(values)

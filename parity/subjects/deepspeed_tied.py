@@ -63,7 +63,7 @@ def as_gemma3_embedding(model):
     plain = model.embed_tokens
     vocab, hidden = plain.weight.shape
     scaled = Gemma3TextScaledWordEmbedding(vocab, hidden, plain.padding_idx, embed_scale=hidden ** 0.5)
-    scaled.scale_grad_by_freq = plain.scale_grad_by_freq
+    scaled.scale_grad_by_freq, scaled.max_norm = plain.scale_grad_by_freq, plain.max_norm
     scaled.to(plain.weight.dtype)  # the buffer, cast with the model as from_pretrained(torch_dtype=...) leaves it
     scaled.weight = plain.weight
     model.embed_tokens = scaled

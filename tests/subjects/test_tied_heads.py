@@ -224,3 +224,20 @@ def test_embedding_axes_reach_the_tied_models_spec():
     assert build_model(spec, 1, torch.float32).embed_tokens.scale_grad_by_freq
     assert vocab.model_spec({**BASE, "embed_scale": "gemma3"}).embed_scale
     assert "grad_freq" not in subject_axes(vocab)  # VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad)
+
+
+def test_embedding_options_reach_the_spec_embeddings_model():
+    # The options AutoTP's _slice_embedding must carry: they have to be on the user's model (and the reference's) for
+    # their loss to show at all.
+    subject = SUBJECTS["embed_spec_untied"]
+    base = {**BASE, "embed_spec": "row"}
+    plain = build_model(subject.model_spec(base), 1, torch.float32).embed_tokens
+    assert not plain.scale_grad_by_freq and plain.max_norm is None
+    spec = subject.model_spec({**base, "grad_freq": True, "max_norm": 1.0})
+    assert not spec.tied and spec.scale_grad_by_freq and spec.max_norm == 1.0
+    embedding = build_model(spec, 1, torch.float32).embed_tokens
+    assert embedding.scale_grad_by_freq and embedding.max_norm == 1.0
+    ids = torch.tensor([[3, 3, 5]])
+    assert embedding.weight[3].norm() > 1  # nn.Embedding's N(0, 1) rows: the lookup must renormalise them
+    embedding(ids)
+    assert torch.allclose(embedding.weight[3].norm(), torch.tensor(1.0)) and embedding.weight[4].norm() > 1
