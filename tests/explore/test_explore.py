@@ -51,6 +51,12 @@ def test_points_that_are_not_cases_say_why():
             "device": "cpu", "ignore_index": -100, "triton": "device"}
     assert "empty vocabulary shard" in not_a_case("vocab_parallel", base, 8)
     assert not_a_case("vocab_parallel", {**base, "vocab": 3}, 8) is None
+    # Only the vocabulary-parallel head refuses an empty shard: the gathered column head takes it and trains
+    # (cases/deepspeed_heads.toml, vocab 3 over tp 4), so the search draws it.
+    column = {k: v for k, v in base.items() if k not in ("backend", "triton")}
+    assert not_a_case("column_gathered", column, 8) is None
+    assert not_a_case("column_gathered", {**column, "vocab": 3, "tp": 4}, 8) is None
+    assert "empty vocabulary shard" in not_a_case("vocab_parallel", {**base, "vocab": 3, "tp": 4}, 8)
     assert "--max-world 4" in not_a_case("vocab_parallel", {**base, "vocab": 30, "dp": 2}, 4)
     # ZeRO 2/3 refuse DP pre-scaling (cases/deepspeed_rejects.toml: zero2_prescale, zero2_predivide).
     assert "pre-scaling" in not_a_case("vocab_parallel", {**base, "vocab": 3, "zero": 2, "dp_reduce": "prescale"}, 8)
@@ -223,7 +229,9 @@ def test_the_flat_layout_mark_reaches_uneven_vocabularies_only():
     # in grains of 16, 48 rows split 32/16 (uneven) and 64 rows 32/32
     assert admitted("column_gathered", vocab=48, grain=16) and not admitted("column_gathered", vocab=64, grain=16)
     assert not admitted("column_gathered", bf16_master=False) and not admitted("column_gathered", zero=3)
-    assert not admitted("column_gathered", dp=1)  # rare at dp 1 (a straddled multiple of 32): still held
+    # rare at dp 1 (flat lengths straddling a multiple of 32): carried to the one such layout a case holds, no other
+    assert not admitted("column_gathered", dp=1) and admitted("column_gathered", dp=1, vocab=3, hidden=10, gas=2)
+    assert not admitted("column_gathered", dp=1, vocab=3, hidden=11)
     # the summed gradient's order at dp 3: fp32 masters, any uneven vocabulary; an even one is still held
     assert admitted("vocab_parallel", dtype="fp32", bf16_master=False, dp=3, vocab=9, tp=2)
     assert not admitted("vocab_parallel", dtype="fp32", bf16_master=False, dp=3, vocab=10, tp=2)
