@@ -236,6 +236,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "dtype also passed to zero.Init(dtype=)) (column_gathered, vocab_parallel, "
               "tied_vocab_parallel; plain and tp_model_init on hf_plan_column and hf_plan_tied, whose config then has "
               "no tensor_parallel section at all)"),
+    Axis("prior_tp", (0, 2, 3, 4), 0, lambda v: f"after_inf_tp{v}", quiet_default=True,
+         help="inference_head: the tensor_parallel.tp_size of an init_inference the user ran before, in the same "
+              "process (0: none); the ranks are the larger of the two sizes, the case's tp a divisor of them, every "
+              "rank fed the same input"),
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),

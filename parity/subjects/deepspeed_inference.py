@@ -34,6 +34,13 @@ while the logits agree (a known divergence, ``cases/deepspeed_inference.toml``).
 
 Grain: ``init_inference``'s ``tensor_parallel.tp_grain_size`` defaults to 64 (training's to 1). The
 subject's grain default is 64 and is then not passed (the user's default); any other value is passed.
+
+A second engine in one process (``prior_tp``): the user first ran ``init_inference`` on another model with
+``tp_size = prior_tp`` (the ranks are that many), then this one with ``tp_size = tp``. The first engine's TP group
+is ``InferenceEngine.inference_mp_group``, a class attribute every later engine reuses (engine.py:278-289); here it
+is the plain group of all ranks, what ``new_group(range(prior_tp))`` makes. The claims are those of ``tp``: the ranks
+past ``tp`` are further copies of its layout (``RankContext.tp_dp``), and every rank is fed the same input, so a
+head sharded over all of them still gives the right logits and only its layout tells the two apart.
 """
 from __future__ import annotations
 
@@ -148,12 +155,20 @@ class InferenceHead(Subject):
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
     # head_input flat: the head gets a 2-D [tokens, hidden] state, as a model run on one unbatched sequence hands it.
     axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": NAMED_HEADS, "tp": None,
-            "grain": None, "device": None, "allreduce": None, "tp_source": None, "head_input": None}
+            "grain": None, "device": None, "allreduce": None, "tp_source": None, "head_input": None, "prior_tp": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
     def world_size(self, values):
-        return values["tp"]
+        return max(values["tp"], values.get("prior_tp", 0))
+
+    def invalid(self, values):
+        prior = values.get("prior_tp", 0)
+        if prior and prior % values["tp"]:
+            return f"prior_tp {prior} is no multiple of tp {values['tp']} (the ranks past tp are copies of its layout)"
+        if prior and values.get("tp_source", "tp_size") != "tp_size":
+            return "prior_tp: the cached group is read by the tp_size path only (an mpu hands over its own group)"
+        return super().invalid(values)
 
     def requires(self, values):
         shm = ["cpp_toolchain"] if values.get("allreduce", "torch") == "shm" else []
@@ -192,7 +207,8 @@ class InferenceHead(Subject):
         batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]
         with torch.no_grad():
             _, logits = model(batch["input_ids"])
-        traj.put("logits", 0, 0, 0, None, logits)
+        for copy in range(self.world_size(values) // values["tp"]):  # every copy of the layout is fed that input
+            traj.put("logits", 0, 0, copy, None, logits)
         return traj
 
     def reset_process_state(self, ctx: RankContext) -> dict:
@@ -215,7 +231,13 @@ class InferenceHead(Subject):
         dtype = DTYPES[values["dtype"]]
         model = build_model(spec, train.seed, dtype).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        InferenceEngine.inference_mp_group = inference_group(ctx, tp)
+        prior = values.get("prior_tp", 0)
+        InferenceEngine.inference_mp_group = inference_group(ctx, prior or tp)
+        if prior:
+            # The user's first engine, on a model of its own; it finds (and keeps) the group of all its ranks.
+            first = build_model(spec, train.seed + 1, dtype).to(ctx.device)
+            deepspeed.init_inference(first, tensor_parallel={"tp_size": prior}, dtype=dtype,
+                                     replace_with_kernel_inject=False, injection_policy={type(first): ("proj",)})
         if values.get("allreduce", "torch") == "shm":
             ds_comm.cdb.shm_comm_op, ds_comm.cdb.shm_vector_kernel_level = shm_op(ctx)
         if values.get("tp_source", "tp_size") == "mpu":
@@ -237,10 +259,13 @@ class InferenceHead(Subject):
         backend = ds_comm.cdb
         original = backend.inference_all_reduce
 
+        def all_reduces():  # on a group of any size: a head sharded over another group than tp's still took torch's
+            return sum(n for kind, n in counts.items() if kind.startswith("all_reduce@"))
+
         def counted(tensor, *args, **kwargs):
-            before = counts[f"all_reduce@{tp}"]
+            before = all_reduces()
             result = original(tensor, *args, **kwargs)
-            torch_path = counts[f"all_reduce@{tp}"] > before
+            torch_path = all_reduces() > before
             reduces.append(TORCH_ALL_REDUCE if torch_path else "shm")
             if not torch_path:  # the shm op is no torch.distributed call; it is still the head's one TP all-reduce
                 counts[f"all_reduce@{tp}"] += 1
@@ -248,7 +273,7 @@ class InferenceHead(Subject):
 
         backend.inference_all_reduce = counted
         try:
-            batch = train.batches(0, dp_rank, spec.vocab, spec.ignore_index)[0]
+            batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]  # one input for every rank (prior_tp)
             # Counted, not asserted: a head init_inference left replicated (a nested model.lm_head)
             # reduces nothing, and must show as a failed check beside logits that agree, not as a crash.
             with torch.no_grad(), collectives.recording() as counts:

@@ -65,3 +65,23 @@ def test_inference_tp_source_is_quiet_and_its_mpu_cases_are_the_documented_diver
     assert [n for n, s in SUBJECTS.items() if "tp_source" in s.axes] == ["inference_head"]
     cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("tp_source") == "mpu"]
     assert cases and all(c.divergence.repro == "ci/repro/deepspeed_inference_user_tp_group_ignored.py" for c in cases)
+
+
+def test_a_second_inference_engine_runs_on_the_first_ones_ranks_with_its_own_claims():
+    subject = SUBJECTS["inference_head"]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("prior_tp", 0)]
+    assert {(c.values["tp"], c.values["prior_tp"]) for c in cases} == {(2, 2), (2, 4)}
+    for case in cases:
+        assert case.world_size == case.values["prior_tp"]
+        after_larger = case.values["prior_tp"] > case.values["tp"]
+        assert (case.divergence is not None) == after_larger
+        if after_larger:
+            assert case.divergence.repro == "ci/repro/deepspeed_inference_cached_tp_group.py"
+        # every copy of tp's layout is fed the one input, so each has the same reference logits
+        reference = subject.reference(case.values)
+        copies = [reference.get("logits", 0, 0, d, None) for d in range(case.world_size // case.values["tp"])]
+        assert all((c == copies[0]).all() for c in copies)
+    base = cases[0].values
+    assert "no multiple" in subject.invalid({**base, "tp": 3, "prior_tp": 4})
+    assert "mpu" in subject.invalid({**base, "prior_tp": 4, "tp_source": "mpu"})
+    assert subject.world_size({**base, "prior_tp": 0}) == base["tp"]
