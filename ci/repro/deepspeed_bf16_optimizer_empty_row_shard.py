@@ -10,11 +10,14 @@ and its head shard is empty, so the list is empty and ``torch.stack`` raises
 ``RuntimeError: stack expects a non-empty TensorList`` after deepspeed.initialize converted the model and the
 first backward ran; TP rank 0 is left in the norm's all-reduce until its peer's exit closes it. Plain torch
 takes the step. Found by parity explore --budget 1800 (seed 0) on tied_row_parallel, shrunk to vocabulary 2,
-hidden 2, grain 2; the untied row head fails the same way.
+hidden 2, grain 2; the untied row head fails the same way. So does the gathered column head with an empty
+vocabulary shard (``--column``: vocabulary 3 over tp 4, a [0, 8] weight on TP rank 3, which ZeRO 0-2's default
+optimizers train; only the vocabulary-parallel head refuses such a split).
 
 Run (CPU, about 20 s):
   python ci/repro/deepspeed_bf16_optimizer_empty_row_shard.py          # ZeRO 1: RuntimeError on TP rank 1
   python ci/repro/deepspeed_bf16_optimizer_empty_row_shard.py --zero 2 # ZeRO 2, no BF16_Optimizer: a step on both
+  python ci/repro/deepspeed_bf16_optimizer_empty_row_shard.py --column # the gathered column head: TP rank 3
 Exit status 1 while a rank raises, 0 once every rank takes its step.
 """
 import importlib
@@ -26,8 +29,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
 from _ranks import run_ranks  # noqa: E402
 
-TP, VOCAB, HIDDEN, GRAIN = 2, 2, 8, 8
+COLUMN = "--column" in sys.argv
+TP, VOCAB, HIDDEN, GRAIN = (4, 3, 8, 1) if COLUMN else (2, 2, 8, 8)
 ZERO = int(sys.argv[sys.argv.index("--zero") + 1]) if "--zero" in sys.argv else 1
+HEAD_SPEC = ({"partition_type": "column", "gather_output": True} if COLUMN else {"partition_type": "row"})
 
 
 class Tiny(torch.nn.Module):
@@ -53,7 +58,7 @@ def rank_main(rank, result):
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
               "tensor_parallel": {"autotp_size": TP, "tp": {"tp_grain_size": GRAIN}, "partition_config": {
                   "use_default_specs": False,
-                  "layer_specs": [{"patterns": [r"lm_head\.weight$"], "partition_type": "row"}]}}}
+                  "layer_specs": [{"patterns": [r"lm_head\.weight$"], **HEAD_SPEC}]}}}
     engine, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.05), config=config)
     label = f"{type(optimizer).__name__}, head shard {tuple(engine.module.lm_head.weight.shape)}"
