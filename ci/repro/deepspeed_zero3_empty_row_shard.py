@@ -21,6 +21,7 @@ Run (CPU, 20-35 s each):
   python ci/repro/deepspeed_zero3_empty_row_shard.py --bias           # both ranks return a loss
   python ci/repro/deepspeed_zero3_empty_row_shard.py --bias --bf16    # KeyError after one step
   python ci/repro/deepspeed_zero3_empty_row_shard.py --embedding      # AssertionError, on the embedding
+  python ci/repro/deepspeed_zero3_empty_row_shard.py --column --bias  # AssertionError, the column head's [0, 8]
 Exit status 1 while a rank raises one of them, 0 once every rank returns a loss.
 
 A spec'd embedding (AutoTP slices its hidden dim for either partition_type) with an empty slice asserts
@@ -30,6 +31,9 @@ grain 20, a column spec): the first module fetched is the embedding.
 In bf16 the biased tp-2 head trains a step, but the float32 master of the empty shard cannot be read:
 ``deepspeed.utils.safe_get_full_fp32_param`` raises ``KeyError`` (stage3.py, _get_fp32_opt_state_partition:
 ZeRO 3 keeps no grad_position for a zero-element parameter), where ZeRO 1 and 2 return None for it.
+
+The gathered column head (``--column``: a column spec with gather_output, vocabulary 3 over tp 4) leaves TP rank 3 a
+(0, hidden) weight and bias, which ZeRO 0-2 train; ZeRO 3 asserts on it as on the row shard, bias or not.
 """
 import importlib
 import os
@@ -40,7 +44,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ci/repro is no package: _ranks.py lies beside
 from _ranks import run_ranks  # noqa: E402
 
-TP, VOCAB, HIDDEN, GRAIN = 2, 2, 8, 8
+COLUMN = "--column" in sys.argv  # the gathered column head with an empty vocabulary shard instead of the row head
+TP, VOCAB, HIDDEN, GRAIN = (4, 3, 8, 1) if COLUMN else (2, 2, 8, 8)
 DP = int(sys.argv[sys.argv.index("--dp") + 1]) if "--dp" in sys.argv else 1
 BIAS = "--bias" in sys.argv
 BF16 = "--bf16" in sys.argv
@@ -72,7 +77,8 @@ def rank_main(rank, result):
               "tensor_parallel": {"autotp_size": TP, "tp": {"tp_grain_size": GRAIN}, "partition_config": {
                   "use_default_specs": False,
                   "layer_specs": [{"patterns": [r"embed_tokens\.weight$" if EMBEDDING else r"lm_head\.weight$"],
-                                   "partition_type": "row"}]}}}
+                                   **({"partition_type": "column", "gather_output": True} if COLUMN
+                                      else {"partition_type": "row"})}]}}}
     if BF16:
         config["bf16"] = {"enabled": True}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -108,5 +114,6 @@ if __name__ == "__main__":
     for rank in range(TP * DP):
         print(f"rank {rank}: {result.get(rank)}")
     raised = any(e.__name__ in str(r) for r in result.values() for e in CRASHES)
-    print(f"ZeRO 3 (tp {TP} x dp {DP}) fails on the empty row shard" if raised else "every rank computed a loss")
+    print(f"ZeRO 3 (tp {TP} x dp {DP}) fails on the empty {'column' if COLUMN else 'row'} shard" if raised
+          else "every rank computed a loss")
     sys.exit(1 if raised else 0)
