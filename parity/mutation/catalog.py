@@ -32,6 +32,7 @@ from typing import Callable
 ENV_VAR = "PARITY_MUTANT"
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
 ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
+TIED_COLUMN = "tied_column_gathered"  # a gathered column spec on a tied head: AutoTP's replicated tie fallback
 EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
 D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
 DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
@@ -50,7 +51,7 @@ M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_paralle
 # The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
 UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
-FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
+FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, TIED_COLUMN, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
             T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
             SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
@@ -933,6 +934,27 @@ def _autotp_accepts_empty_vocab_shard():
     return _swap(auto_tp.AutoTP, "_validate_vocab_parallel_layer", _validate_vocab_parallel_layer)
 
 
+def _tie_fallback_unties():
+    from torch import nn
+
+    from deepspeed.module_inject import auto_tp
+
+    original = auto_tp.AutoTP._configure_gathered_column_tie_fallbacks
+
+    def _configure_gathered_column_tie_fallbacks(self):
+        configured = self._gathered_column_tie_fallbacks_configured
+        original(self)
+        if configured:
+            return
+        # planted: upstream leaves the recorded head holding the embedding's Parameter; here it gets a copy, so
+        # both stay replicated but each trains on its own gradient (the tie broken)
+        for name, module in list(self.module.named_modules()):
+            if name in self._tied_gathered_column_module_names and not isinstance(module, nn.Embedding):
+                module.weight = nn.Parameter(module.weight.detach().clone())
+
+    return _swap(auto_tp.AutoTP, "_configure_gathered_column_tie_fallbacks", _configure_gathered_column_tie_fallbacks)
+
+
 # -- PyTorch DTensor (torch.distributed.tensor, torch 2.13) -------------------------------------------
 
 def _partial_no_allreduce():
@@ -1261,6 +1283,11 @@ MUTANTS = [
            "tp): the documented rejection no longer happens where DeepSpeed promises it",
            "deepspeed.module_inject.auto_tp.AutoTP._validate_vocab_parallel_layer",
            "rejection (ds_reject vocab_empty_shard)", (REJECT,), _autotp_accepts_empty_vocab_shard),
+    Mutant("tie_fallback_unties",
+           "AutoTP's gathered-column tie fallback leaves the head replicated but holding a copy of the embedding's "
+           "weight: two Parameters, each trained on its own part of the tied gradient",
+           "deepspeed.module_inject.auto_tp.AutoTP._configure_gathered_column_tie_fallbacks",
+           "shared_param, then grad / weight of embed_tokens.weight", (TIED_COLUMN,), _tie_fallback_unties),
     Mutant("torch_partial_no_allreduce",
            "DTensor's Partial -> Replicate keeps each rank's partial value (no all-reduce): row-parallel logits "
            "and a column head's input gradient stay partial sums",

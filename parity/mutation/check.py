@@ -114,6 +114,10 @@ SELECTION = {
     catalog.DS_LIGER_NO_GROUP: ["ds_liger_no_group-fp32-v32-ign_scattered-tp2-cpu"],
     catalog.INFERENCE: ["inference_head-fp32-v34-h32-untied-bias-lm_head-tp2-grain64-cpu"],
     catalog.REJECT: ["ds_reject-vocab_empty_shard-tp2-cpu"],
+    catalog.TIED_COLUMN: [
+        "tied_column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-padlast-espec_none",
+        "tied_column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_row",
+    ],
     catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],
     catalog.HF_ROW: ["hf_plan_row-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu"],
     catalog.HF_TIED: ["hf_plan_tied-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],

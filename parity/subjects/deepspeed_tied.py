@@ -9,6 +9,10 @@ gradient (lookup + projection). Both subjects must keep one Parameter per rank, 
   walk (``_find_tied_row_parallel_embedding_ids``), leaves the embedding to the head
   (``_slice_embedding`` returns early) and replaces it with ``HiddenParallelEmbedding`` sharing the
   head's shard: the lookup reads this rank's hidden columns and all-gathers them along hidden.
+- ``tied_column_gathered``: a gathered column spec (``gather_output: true``) on a tied head. AutoTP cannot
+  shard one Parameter as a gathered column head and keep it the embedding's, so it leaves both replicated and
+  tied, with a warning (``_configure_gathered_column_tie_fallbacks``, auto_tp.py:808-864, run before the walk;
+  the walk then skips both names, an explicit embedding spec included): plain torch on every rank.
 - ``tied_vocab_parallel`` (#8859): ``vocab_parallel_lm_head: true``; the tied embedding is recorded
   in ``_tied_vocab_parallel_embedding_ids`` at AutoTP construction and replaced by
   ``VocabParallelEmbedding(tied_vocab_parallel_linear=head)`` (masked local lookup + all-reduce)
@@ -31,7 +35,7 @@ import dataclasses
 from importlib.util import find_spec
 
 from parity.subjects.base import Claims, padding_index
-from parity.subjects.deepspeed_autotp import COMMON_AXES, VocabParallelHead
+from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, VocabParallelHead, reports_grad_norm
 from parity.subjects.deepspeed_row import RowParallelHead
 
 TIED_AXES = {"padding": None, "embed_spec": None, "embed_scale": None}
@@ -123,4 +127,21 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
             shared_params=((f"{head}.weight", "embed_tokens.weight"),))
 
 
-SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead()]
+class TiedColumnGatheredHead(TiedEmbedding, ColumnGatheredHead):
+    name = "tied_column_gathered"
+    description = ("A gathered column spec on a tied head: AutoTP's tie fallback leaves the head and its embedding "
+                   "replicated and tied (one Parameter, unsharded), with a warning; full logits, the suite's CE.")
+    # head output: the spec's pattern and the fallback's spec lookup (find_matching_spec) take any name.
+    # No embed_scale: the claims name plain nn.Embedding, and a replicated Gemma3 embedding keeps its own forward.
+    axes = {**COMMON_AXES, "head": ("lm_head", "model.lm_head", "output"), "padding": None, "embed_spec": None,
+            "save": None}
+
+    def claims(self, values):
+        head = values["head"]
+        return Claims(module_types={head: "Linear", "proj": "Linear", "embed_tokens": "Embedding"},
+                      param_shards={"embed_tokens.weight": None, f"{head}.bias": None},
+                      shared_params=((f"{head}.weight", "embed_tokens.weight"),),
+                      reports_grad_norm=reports_grad_norm(values))
+
+
+SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead(), TiedColumnGatheredHead()]
