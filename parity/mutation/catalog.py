@@ -33,6 +33,7 @@ ENV_VAR = "PARITY_MUTANT"
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
 ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
 TIED_COLUMN = "tied_column_gathered"  # a gathered column spec on a tied head: AutoTP's replicated tie fallback
+TIED_PLAN = "tied_plan_head"  # a tied head through an HF-style tp_plan: the tie fallback, or the auto vocab-parallel head
 EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
 D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
 DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
@@ -51,7 +52,7 @@ M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_paralle
 # The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
 UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
-FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, TIED_COLUMN, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
+FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, TIED_COLUMN, TIED_PLAN, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
             T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
             SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
@@ -1244,7 +1245,7 @@ MUTANTS = [
     Mutant("vocab_embedding_no_allreduce",
            "VocabParallelEmbedding.forward returns the masked local lookup without the all-reduce",
            "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
-           (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
+           (TIED_VOCAB, EMBED, HF_TIED, TIED_PLAN), _vocab_embedding(reduce=False)),
     Mutant("vocab_embedding_drops_embed_scale",
            "VocabParallelEmbedding.forward returns the reduced lookup without Gemma3's embed_scale",
            "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits (escale_gemma3 cases)",
@@ -1287,7 +1288,7 @@ MUTANTS = [
            "AutoTP's gathered-column tie fallback leaves the head replicated but holding a copy of the embedding's "
            "weight: two Parameters, each trained on its own part of the tied gradient",
            "deepspeed.module_inject.auto_tp.AutoTP._configure_gathered_column_tie_fallbacks",
-           "shared_param, then grad / weight of embed_tokens.weight", (TIED_COLUMN,), _tie_fallback_unties),
+           "shared_param, then grad / weight of embed_tokens.weight", (TIED_COLUMN, TIED_PLAN), _tie_fallback_unties),
     Mutant("torch_partial_no_allreduce",
            "DTensor's Partial -> Replicate keeps each rank's partial value (no all-reduce): row-parallel logits "
            "and a column head's input gradient stay partial sums",

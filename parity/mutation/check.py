@@ -118,6 +118,11 @@ SELECTION = {
         "tied_column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-padlast-espec_none",
         "tied_column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_row",
     ],
+    # The custom-named head first (the tie fallback), then the lm_head twin the auto path makes vocab-parallel.
+    catalog.TIED_PLAN: [
+        "tied_plan_head-fp32-mean-v35-h32-bias-output-ign_scattered-zero0-gas2-tp2-cpu-vplm_unset-padlast",
+        "tied_plan_head-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_unset-padlast",
+    ],
     catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],
     catalog.HF_ROW: ["hf_plan_row-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu"],
     catalog.HF_TIED: ["hf_plan_tied-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],

@@ -170,6 +170,26 @@ def test_tied_column_gathered_claims_both_replicated_and_still_tied():
         assert subject.model_spec(case.values).tied
 
 
+def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
+    # engine.py:1116-1125: vocab_parallel_lm_head unset turns the vocabulary-parallel head on for a tied lm_head /
+    # embed_out only; any other name (or false) gets the gathered-column tie fallback.
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.subject == "tied_plan_head"]
+    assert {(c["head"], c["vocab_parallel_lm_head"]) for c in cases} == {
+        ("output", "unset"), ("output", "false"), ("lm_head", "unset"), ("lm_head", "false")}
+    subject = SUBJECTS["tied_plan_head"]
+    for case in cases:
+        head, claims = case["head"], subject.claims(case.values)
+        auto = head == "lm_head" and case["vocab_parallel_lm_head"] == "unset"
+        assert claims.module_types[head] == ("VocabParallelLinear" if auto else "Linear"), case.id
+        assert claims.param_shards["embed_tokens.weight"] == (0 if auto else None), case.id
+        assert claims.shared_params == ((f"{head}.weight", "embed_tokens.weight"),)
+        config = subject.tensor_parallel_config(case.values)
+        assert "partition_config" not in config  # any partition_config takes the engine off the plan
+        assert config.get("vocab_parallel_lm_head") is (None if case["vocab_parallel_lm_head"] == "unset" else False)
+    model = subject.build(cases[0].values, torch.float32)
+    assert model._tp_plan == {"embed_tokens": "embedding_rowwise", cases[0]["head"]: "colwise_gather_output"}
+
+
 @pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
 def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
     from parity.checks.compare import Comparison
