@@ -150,11 +150,17 @@ class TinyLlamaBlock(nn.Module):
 class TinyLlamaModel(TinyCausalLM):
     """TinyCausalLM with ``layers``, a ModuleList of Llama-shaped blocks, between the embedding and proj: a
     user's own (non-HF) model, without a config or a tp_plan. Its class name ends in Model and its blocks sit
-    in a ModuleList, which is what DeepSpeed's heuristic AutoTP parser looks for."""
+    in a ModuleList, which is what DeepSpeed's heuristic AutoTP parser looks for. A head_name under ``layers.``
+    registers the head in that block."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
+        head = self.head  # drawn before the blocks, wherever it is registered: the same weights for every head_name
         self.layers = nn.ModuleList(TinyLlamaBlock(spec.hidden) for _ in range(spec.blocks))
+        if spec.head_name.startswith("layers."):
+            # Registered inside a block ("layers.1.lm_head"), as a per-block multi-token-prediction head is, and still
+            # applied as the output head after proj: where a module is registered is what AutoTP's routing reads.
+            self.replace_head(head)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

@@ -67,9 +67,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("hidden", None, 32, lambda v: f"h{v}"),
     Axis("tied", (False, True), False, _flag("tied", "untied"), help="head weight shared with the embedding"),
     Axis("bias", (True, False), True, _flag("bias", "nobias")),
-    Axis("head", ("lm_head", "embed_out", "model.lm_head", "output"), "lm_head", lambda v: v.replace(".", "_"),
+    Axis("head", ("lm_head", "embed_out", "model.lm_head", "output", "layers.1.lm_head"), "lm_head",
+         lambda v: v.replace(".", "_"),
          help="where the output head lives: lm_head, embed_out, nested as model.lm_head, or output (a name only "
-              "partition_config.lm_head_patterns makes a head; vocab_parallel only)"),
+              "partition_config.lm_head_patterns makes a head; vocab_parallel only), or layers.1.lm_head (registered "
+              "in the last block of the ModuleList, as a per-block multi-token-prediction head; heuristic_blocks only)"),
     Axis("ignore", ("none", "scattered", "micro", "step"), "scattered", lambda v: f"ign_{v}",
          help="ignore_index pattern: none, scattered, + a whole micro-batch ignored, + a whole step ignored"),
     Axis("zero", (0, 1, 2, 3), 0, lambda v: f"zero{v}", minimum=0),

@@ -765,7 +765,8 @@ class VocabParallelHead(EngineHead):
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
     # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
     # reads the head counts from (tp_shard.AutoTPMeta).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": (*NAMED_HEADS, "output"),
+            "ignore_index": None,
             "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None}
 
     def run_rank(self, values, ctx):
