@@ -161,6 +161,12 @@ class TiedPlanHead(TiedColumnGatheredHead):
         # engine.py:1116-1125: the tied-head test reads only these two names, not partition_config.lm_head_patterns.
         return values["vocab_parallel_lm_head"] == "unset" and values["head"].split(".")[-1] in ("lm_head", "embed_out")
 
+    def invalid(self, values):
+        if self.auto_vocab_parallel(values) and values.get("reduction", "mean") not in ("mean", "num_items"):
+            return ("the auto path installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
+                    "num_items_in_batch: 'none' and 'sum' are no reduction it offers")
+        return super().invalid(values)
+
     def tensor_parallel_config(self, values):
         # No partition_config: a non-empty one, lm_head_patterns alone included, would take the engine off the plan.
         setting = values["vocab_parallel_lm_head"]
