@@ -144,7 +144,10 @@ SELECTION.update({
 SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],
     catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
-    catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+    # The head registered in a block, which the block walk makes a gathered column LinearLayer (vocab_parallel_lm_head
+    # false): the gather mutant's case in this family.
+    catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true",
+                        "heuristic_blocks-fp32-mean-v35-h32-bias-layers_1_lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_false"],
 })
 SELECTION.update({
     # Resumed at the saving TP (a rank > 0 must get its own slice back) and at another (tp 2 -> tp 1 x dp 2).
