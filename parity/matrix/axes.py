@@ -115,9 +115,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="what DeepSpeed's Liger gate is told about Triton: the device's own answer, or 'claimed' (a harness "
               "shortcut for CPU ranks: the gate sees the accelerator answer as CUDA does, Liger then runs in "
               "Triton's interpreter; vocab_parallel only)"),
-    Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
+    Axis("ignore_index", (-100, 0, 3), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
          help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
-              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
+              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs); on the "
+              "loss-only CEs (ds_vocab_ce, ds_vocab_ce_module) the ignore_index passed: 0 or 3 (an id inside TP rank "
+              "0's shard), whose drawn and scattered targets are then the ignored ones"),
     Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
          help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
               "(megatron vocab-parallel subjects and liger_vocab_ce)"),
@@ -254,7 +256,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
               "log_softmax(full logits).gather(-1, index)"),
-    Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
-         help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
+    Axis("targets", ("valid", "out_of_range", "minus100"), "valid",
+         lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob", "minus100": "tgt_m100"}[v],
+         help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard), or "
+              "(minus100, with another ignore_index) to -100, HF's usual ignore id, which is then an ordinary, "
+              "out-of-range target: torch's F.cross_entropy(ignore_index=k) raises for it",
          quiet_default=True),
 ]}

@@ -76,6 +76,8 @@ class LogitsCE(Subject):
             return "sp > 1 takes backward 'once' only"
         if values.get("seq_gather", False) and (sp == 1 or values.get("reduction", "none") != "none"):
             return "seq_gather needs sp > 1 and reduction 'none' (gather_sequence_loss gathers per-token losses)"
+        if values.get("targets", "valid") == "minus100" and self.ignore_index(values) == -100:
+            return "targets minus100 needs another ignore_index (-100 would be an ignored target, not a stray one)"
         return None
 
     def ignore_index(self, values) -> int:
@@ -100,6 +102,8 @@ class LogitsCE(Subject):
                                               self.ignore_index(values), values.get("inf_rows", "none"))
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
+        elif values.get("targets", "valid") == "minus100":
+            targets[2] = -100  # HF's ignore id, an ordinary target once another id is ignored
         # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered
         # per-token loss is the whole sequence's, so the user weights it with the whole upstream.
         rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank)

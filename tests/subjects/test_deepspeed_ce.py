@@ -303,3 +303,24 @@ def test_sequence_chunks_on_the_wrong_sp_ranks_are_caught():
         key = ("logits_grad", 0, 0, None)
         first[key], second[key] = second[key], first[key]
     assert "logits_grad" in _failed(subject, values, obs)
+
+
+@pytest.mark.parametrize("ignore_index", [0, 3])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_ce_reference_with_another_ignore_index_is_torchs(ignore_index, reduction):
+    # The ds_vocab_ce ignidx cases: torch's F.cross_entropy(ignore_index=k), drawn targets equal to k ignored too.
+    logits, targets, upstream = ce_inputs(4321, 24, 35, "scattered", torch.float32, ignore_index)
+    assert (targets == ignore_index).sum() > 1 and not (targets == -100).any()
+    x = logits.to(F64).requires_grad_(True)
+    loss = F.cross_entropy(x, targets, ignore_index=ignore_index, reduction=reduction)
+    (loss * upstream.to(F64) if reduction == "none" else loss * SCALAR_UPSTREAM).sum().backward()
+    traj = ce_reference(4321, 24, 35, "scattered", torch.float32, F64, ignore_index, reduction=reduction)
+    torch.testing.assert_close(traj.get("loss", 0, 0, 0, None), loss.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traj.get("logits_grad", 0, 0, 0, None), x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_stray_minus100_target_needs_another_ignore_index():
+    subject = SUBJECTS["ds_vocab_ce"]
+    base = {"dtype": "fp32", "reduction": "none", "vocab": 35, "ignore": "scattered", "tp": 2, "targets": "minus100"}
+    assert subject.invalid(base)
+    assert subject.invalid({**base, "ignore_index": 3}) is None
