@@ -256,6 +256,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
               "log_softmax(full logits).gather(-1, index)"),
+    Axis("labels", ("labels", "shift_labels"), "labels", lambda v: {"labels": "lbl", "shift_labels": "shiftlbl"}[v],
+         quiet_default=True,
+         help="how the model hands its targets to its loss_function: labels (the loss shifts them), or shift_labels "
+              "beside them, pre-shifted with a real target at the last position (references/loss.py "
+              "continued_shift_labels), which transformers' ForCausalLMLoss scores as given (vocab_parallel, "
+              "column_gathered; mean)"),
     Axis("targets", ("valid", "out_of_range", "minus100"), "valid",
          lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob", "minus100": "tgt_m100"}[v],
          help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard), or "

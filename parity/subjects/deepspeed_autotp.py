@@ -551,6 +551,9 @@ class EngineHead(Subject):
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
+        if values.get("labels", "labels") == "shift_labels" and values.get("reduction", "mean") != "mean":
+            # num_items would need the trainer's count over shift_labels (references/data.py counts labels[..., 1:]).
+            return "labels shift_labels is held to HF's mean only"
         return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
@@ -737,7 +740,7 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None}
+            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, "labels": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -766,7 +769,8 @@ class VocabParallelHead(EngineHead):
     # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
     # reads the head counts from (tp_shard.AutoTPMeta).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
-            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None}
+            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None,
+            "labels": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

@@ -240,3 +240,21 @@ def test_topk_logprobs_are_log_softmax_gathered_with_ignored_ids_zero():
     (want_grad,) = torch.autograd.grad(upstream_objective(want, upstream, "none"), logits)
     torch.testing.assert_close(grad, want_grad)
     assert (grad[1] == 0).all()
+
+
+def test_shift_labels_are_scored_as_transformers_for_causal_lm_loss_scores_them():
+    # references/loss.py writes ForCausalLMLoss out (transformers must stay optional for the references).
+    transformers_loss = pytest.importorskip("transformers.loss.loss_utils")
+    from references.loss import causal_lm_loss, continued_shift_labels
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 11, (2, 6), generator=gen)
+    labels[0, 2] = labels[1, 0] = -100
+    shift = continued_shift_labels(labels)
+    assert shift[1, -1] == -100 and shift[0, -1] == labels[0, 0]
+    want = transformers_loss.ForCausalLMLoss(logits, labels, 11, shift_labels=shift)
+    torch.testing.assert_close(causal_lm_loss(logits, labels, shift_labels=shift), want.double(), rtol=1e-6, atol=1e-6)
+    # without shift_labels the two agree as before (HF pads the last position with the ignore id)
+    torch.testing.assert_close(causal_lm_loss(logits, labels), transformers_loss.ForCausalLMLoss(logits, labels, 11).double(),
+                               rtol=1e-6, atol=1e-6)
