@@ -249,9 +249,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_freq", (False, True), False, _flag("sgbf", "nosgbf"), quiet_default=True,
          help="tied_row_parallel: the embedding's scale_grad_by_freq (each lookup's gradient divided by its id's "
               "count in the micro-batch, torch's nn.Embedding semantics), which HiddenParallelEmbedding keeps"),
-    Axis("inf_rows", ("none", "all"), "none", lambda v: f"inf_{v}", quiet_default=True,
+    Axis("inf_rows", ("none", "all", "masked"), "none", lambda v: f"inf_{v}", quiet_default=True,
          help="ds_vocab_ce, ds_vocab_logprobs, ds_vocab_entropy: two rows of logits that are all -inf (a fully "
-              "masked position; one with its target ignored under scattered ignores), where torch gives nan"),
+              "masked position; one with its target ignored under scattered ignores), where torch gives nan; "
+              "ds_vocab_kl: all (a student row, a teacher row and a row of both all -inf) or masked (some ids -inf: "
+              "the teacher's, both's, the student's; references/kl_div.py _mask)"),
     Axis("topk", (0, 2, 4, 8), 0, lambda v: f"top{v}", quiet_default=True,
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
