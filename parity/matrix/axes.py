@@ -81,6 +81,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("sp", None, 1, lambda v: f"sp{v}", quiet_default=True,
          help="loss-only subjects: sequence-parallel size; each rank holds its TP rank's vocabulary shard of its "
               "SP rank's contiguous sequence chunk (world tp x sp; SP rank = rank // tp, the DP slot)"),
+    Axis("sp_chunks", ("equal", "uneven"), "equal", lambda v: f"spc_{v}", quiet_default=True,
+         help="loss-only subjects with sp: the sequence chunks' sizes: equal, or uneven (references/cross_entropy.py "
+              "sequence_chunk_sizes: 24 tokens as 15/9 over SP 2, 10/8/6 over SP 3)"),
     Axis("seq_gather", (False, True), False, _flag("gseq", "nogseq"), quiet_default=True,
          help="loss-only subjects with sp: gather_sequence_loss, the per-token loss all-gathered over the SP "
               "group (the whole sequence's on every rank) instead of the rank's own chunk"),

@@ -65,7 +65,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
             "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None,
-            "inf_rows": None, "ignore_index": None}
+            "inf_rows": None, "ignore_index": None, "sp_chunks": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -89,7 +89,7 @@ class DeepSpeedVocabSequenceParallelCE(LogitsCE):
     description = ("deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy on the vocabulary shard "
                    "of a sequence chunk")
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "sp": None, "seq_gather": None, "device": None}
+            "sp": None, "seq_gather": None, "device": None, "sp_chunks": None}
     defaults = {"reduction": "none", "seq_gather": True}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
