@@ -146,12 +146,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
               "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "
               "--seeds K`"),
-    Axis("dp_reduce", ("average", "prescale", "predivide2", "comm_fp32"), "average", lambda v: f"dpred_{v}",
+    Axis("dp_reduce", ("average", "prescale", "predivide2", "comm_fp32", "comm_bf16"), "average", lambda v: f"dpred_{v}",
          quiet_default=True,
          help="DeepSpeed engine subjects: how the data-parallel gradient reduction is configured. average: the "
               "defaults; prescale: prescale_gradients (divide by the DP size before the all-reduce); predivide2: "
               "gradient_predivide_factor 2.0 (divide by 2 before, multiply by 2 / DP size after); comm_fp32: "
-              "communication_data_type fp32. Every one is DDP's average to the reference"),
+              "communication_data_type fp32; comm_bf16: communication_data_type bf16 (on an fp32 model: the reference "
+              "is DDP with torch's bf16_compress_hook, references/trajectory.py). The others are DDP's average"),
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),

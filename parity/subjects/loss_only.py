@@ -81,6 +81,8 @@ class LogitsCE(Subject):
             # DeepSpeed's gather all-gathers equal chunks and checks nothing: on gloo unequal ones abort a rank
             # (SIGABRT, gloo::EnforceNotMet, docs/inventory.md sp_group row), which would take a pooled rank along.
             return "sp_chunks uneven needs sp > 1 and no seq_gather (the sequence gather takes equal chunks only)"
+        if values.get("inf_rows", "none") == "masked":
+            return "inf_rows masked is ds_vocab_kl's (some ids -inf in a student and teacher pair)"
         if values.get("targets", "valid") == "minus100" and self.ignore_index(values) == -100:
             return "targets minus100 needs another ignore_index (-100 would be an ignored target, not a stray one)"
         return None
@@ -111,7 +113,8 @@ class LogitsCE(Subject):
             targets[2] = -100  # HF's ignore id, an ordinary target once another id is ignored
         # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered
         # per-token loss is the whole sequence's, so the user weights it with the whole upstream.
-        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank, values.get("sp_chunks", "equal") == "uneven")
+        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank,
+                              uneven=values.get("sp_chunks", "equal") == "uneven")
         logits, targets = logits[rows], targets[rows]
         if not values.get("seq_gather", False):
             upstream = upstream[rows]
