@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from references.loss import causal_lm_loss
+from references.loss import causal_lm_loss, continued_shift_labels
 from references.seeding import seeded
 
 
@@ -36,6 +36,9 @@ class ModelSpec:
     label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
     # Llama-shaped blocks between the embedding and proj (TinyLlamaModel); 0: TinyCausalLM, no blocks.
     blocks: int = 0
+    # "shift_labels": the model hands its loss pre-shifted labels (references/loss.py continued_shift_labels)
+    # beside the labels, as HF callers do under sequence parallelism; "labels": the loss shifts them itself.
+    labels_form: str = "labels"
 
 
 class ScaledWordEmbedding(nn.Embedding):
@@ -86,6 +89,10 @@ class TinyCausalLM(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.proj(self.embed_tokens(input_ids)))
 
+    def _shift_labels(self, labels) -> dict:
+        # Passed only when set, as an HF caller passes it: the default path's call is unchanged.
+        return {"shift_labels": continued_shift_labels(labels)} if self.spec.labels_form == "shift_labels" else {}
+
     def forward(self, input_ids, labels=None, num_items_in_batch=None):
         h = self.hidden_states(input_ids)
         if self.spec.head_input == "flat":
@@ -102,11 +109,11 @@ class TinyCausalLM(nn.Module):
             # passed, as HF callers don't.
             extra = {} if self.spec.ignore_index == -100 else {"ignore_index": self.spec.ignore_index}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.spec.vocab,
-                                      num_items_in_batch=num_items_in_batch, **extra)
+                                      num_items_in_batch=num_items_in_batch, **extra, **self._shift_labels(labels))
         else:
             loss = causal_lm_loss(logits, labels, reduction=self.spec.reduction,
                                   ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch,
-                                  label_smoothing=self.spec.label_smoothing)
+                                  label_smoothing=self.spec.label_smoothing, **self._shift_labels(labels))
         return loss, logits
 
 

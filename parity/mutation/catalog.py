@@ -854,6 +854,18 @@ def _causal_loss_ignores_num_items():
     return _swap(cls, "__call__", __call__)
 
 
+def _causal_loss_drops_shift_labels():
+    cls = _ce().VocabParallelCausalLMLoss
+    original = cls.__call__
+
+    def __call__(self, logits, labels=None, vocab_size=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        # upstream: shift_labels scored as given against every position; this one shifts labels itself
+        return original(self, logits, labels=labels, vocab_size=vocab_size, num_items_in_batch=num_items_in_batch,
+                        **kwargs)
+
+    return _swap(cls, "__call__", __call__)
+
+
 # -- the suite's own references (parent process) ------------------------------------------------------
 
 def _reference_no_causal_shift():
@@ -1201,6 +1213,11 @@ MUTANTS = [
            "VocabParallelCausalLMLoss drops num_items_in_batch and returns the micro-batch mean",
            "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (num_items)",
            (VOCAB,), _causal_loss_ignores_num_items),
+    Mutant("causal_loss_drops_shift_labels",
+           "VocabParallelCausalLMLoss ignores shift_labels and shifts labels itself (the last position's target lost)",
+           "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (shift_labels)",
+           (VOCAB,), _causal_loss_drops_shift_labels,
+           cases=("vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-shiftlbl",)),
     Mutant("column_forward_extra_allreduce",
            "ColumnParallel.forward issues a MAX all-reduce of (a copy of) its replicated input: every number "
            "is unchanged, one extra TP collective per head call",

@@ -56,6 +56,8 @@ SELECTION = {
         "vocab_parallel-torch-fp32-num_items-v34-h35-bias-embed_out-ign_scattered-zero2-gas2-tp2-cpu",
         "vocab_parallel-torch-fp16-mean-v35-h35-nobias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
         "vocab_parallel-torch-bf16-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",  # as above
+        # pre-shifted labels: the only ones a loss that drops shift_labels gets wrong
+        "vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-shiftlbl",
     ],
     # The other subjects: two TP=2 cases each (one fp32, one low precision; bias; even and uneven),
     # enough for their mutants; world 2 so one rank group serves every family of a mutant.
