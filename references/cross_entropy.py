@@ -97,20 +97,33 @@ def upstream_objective(loss: torch.Tensor, upstream: torch.Tensor, reduction: st
     return loss * SCALAR_UPSTREAM
 
 
-def sequence_chunk(tokens: int, parts: int, index: int) -> slice:
-    """The contiguous rows of sequence chunk ``index`` of ``parts`` (equal chunks: an SP all-gather needs them)."""
+def sequence_chunk_sizes(tokens: int, parts: int, uneven: bool = False) -> list[int]:
+    """Rows per sequence chunk: equal (an SP all-gather needs them), or uneven: the first chunk tokens // (4 parts)
+    rows more than an equal one, the last as many fewer (24 tokens: 15/9 over 2, 10/8/6 over 3), as a sequence
+    whose length the SP size does not divide, or a packed batch split at document boundaries, gives them."""
     if tokens % parts:
         raise ValueError(f"{tokens} tokens do not split into {parts} equal sequence chunks")
-    size = tokens // parts
-    return slice(index * size, (index + 1) * size)
+    sizes = [tokens // parts] * parts
+    if uneven and parts > 1:
+        shift = tokens // (4 * parts)
+        sizes[0], sizes[-1] = sizes[0] + shift, sizes[-1] - shift
+    return sizes
 
 
-def _put_sequence_chunks(traj: Trajectory, records: dict, tokens: int, parts: int, whole: tuple) -> None:
+def sequence_chunk(tokens: int, parts: int, index: int, uneven: bool = False) -> slice:
+    """The contiguous rows of sequence chunk ``index`` of ``parts`` (sequence_chunk_sizes)."""
+    sizes = sequence_chunk_sizes(tokens, parts, uneven)
+    start = sum(sizes[:index])
+    return slice(start, start + sizes[index])
+
+
+def _put_sequence_chunks(traj: Trajectory, records: dict, tokens: int, parts: int, whole: tuple,
+                         uneven: bool = False) -> None:
     """Each record of the whole sequence, laid out per sequence chunk as the ranks hold it: chunk i's rows
     at data-parallel slot i (a rank's SP index), the kinds in ``whole`` (a scalar loss, a gathered per-token
     loss, a summed parameter gradient) whole at every slot. The numbers are the unsplit computation's."""
     for index in range(parts):
-        rows = sequence_chunk(tokens, parts, index)
+        rows = sequence_chunk(tokens, parts, index, uneven)
         for kind, tensor in records.items():
             traj.put(kind, 0, 0, index, None, tensor if kind in whole or tensor.dim() == 0 else tensor[rows])
 
@@ -119,7 +132,7 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
                  compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
                  reduction: str = "none", backward: str = "once", measure: str = "ce",
                  label_smoothing: float = 0.0, sequence_parts: int = 1, gathered: bool = False,
-                 topk: int = 0, inf_rows: str = "none") -> Trajectory:
+                 topk: int = 0, inf_rows: str = "none", uneven_chunks: bool = False) -> Trajectory:
     """backward: "once"; "twice" (two retained-graph backwards: the gradient accumulates to 2x);
     "create_graph" (the first-order gradient g with its graph, and logits_hvp = d/dlogits sum(g * v)).
     measure: "ce" (the cross entropy of the targets) or "entropy" (each token's softmax entropy, which
@@ -130,7 +143,8 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
 
     sequence_parts: the records of the whole sequence (one loss over all its tokens, as a user without
     sequence parallelism computes it) split into that many chunks of rows (_put_sequence_chunks);
-    gathered: the per-token loss stays whole (every chunk's rank holds the sequence's)."""
+    gathered: the per-token loss stays whole (every chunk's rank holds the sequence's); uneven_chunks: the
+    chunks of sequence_chunk_sizes(uneven=True)."""
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if sequence_parts > 1 and backward != "once":
@@ -158,7 +172,8 @@ def ce_reference(seed: int, tokens: int, vocab: int, ignore: str, case_dtype: to
     records = {"loss": loss, "logits_grad": grad, "logits_after": logits}  # logits_after: the input as given
     if backward == "create_graph":
         records["logits_hvp"] = hvp
-    _put_sequence_chunks(traj, records, tokens, sequence_parts, whole=("loss",) if gathered else ())
+    _put_sequence_chunks(traj, records, tokens, sequence_parts, whole=("loss",) if gathered else (),
+                         uneven=uneven_chunks)
     return traj
 
 

@@ -25,17 +25,40 @@ from references.seeding import exact_inputs
 from references.trajectory import Trajectory
 
 KL_GRADS = ("student", "teacher", "both")
+KL_INF_ROWS = ("none", "all", "masked")
 
 
-def kl_inputs(seed: int, tokens: int, vocab: int, dtype: torch.dtype):
+def _mask(student: torch.Tensor, teacher: torch.Tensor, inf_rows: str) -> None:
+    """inf_rows "all": rows whose logits are all -inf (a fully masked position): the student's row 1, the
+    teacher's row 2, both at row 3. "masked": some ids masked to -inf (a masked vocabulary, as top-k/top-p or
+    a constrained decoder leaves it): the teacher's ids 0 and V-1 at row 4 (the student keeps them), the same
+    ids 1 and V//2 in both at row 5, the student's ids 2 and V-2 at row 6 (the teacher keeps them); ids on the
+    first and the last TP rank's shards."""
+    if inf_rows not in KL_INF_ROWS:
+        raise ValueError(f"inf_rows must be one of {KL_INF_ROWS}, got {inf_rows!r}")
+    vocab, inf = student.shape[-1], float("-inf")
+    if inf_rows == "all":
+        student[1] = inf
+        teacher[2] = inf
+        student[3] = teacher[3] = inf
+    elif inf_rows == "masked":
+        teacher[4, [0, vocab - 1]] = inf
+        student[5, [1, vocab // 2]] = teacher[5, [1, vocab // 2]] = inf
+        student[6, [2, vocab - 2]] = inf
+
+
+def kl_inputs(seed: int, tokens: int, vocab: int, dtype: torch.dtype, inf_rows: str = "none"):
     """Student logits, teacher logits (the student's plus noise: a teacher the student partly agrees with),
-    and a positive per-token upstream weight. Drawn in float32 and cast to ``dtype`` once."""
+    and a positive per-token upstream weight. Drawn in float32 and cast to ``dtype`` once; then the -inf
+    entries of ``inf_rows`` (_mask), the other values as drawn."""
     with exact_inputs():
         gen = torch.Generator().manual_seed(seed)
         student = 3 * torch.randn(tokens, vocab, generator=gen)
         teacher = student + 2 * torch.randn(tokens, vocab, generator=gen)
         upstream = torch.rand(tokens, generator=gen) + 0.5
-    return student.to(dtype), teacher.to(dtype), upstream
+    student, teacher = student.to(dtype), teacher.to(dtype)
+    _mask(student, teacher, inf_rows)
+    return student, teacher, upstream
 
 
 def token_kl(student: torch.Tensor, teacher: torch.Tensor, reverse: bool) -> torch.Tensor:
@@ -50,12 +73,14 @@ def token_kl(student: torch.Tensor, teacher: torch.Tensor, reverse: bool) -> tor
 
 
 def kl_reference(seed: int, tokens: int, vocab: int, reverse: bool, grad: str, case_dtype: torch.dtype,
-                 compute_dtype: torch.dtype | None = None) -> Trajectory:
+                 compute_dtype: torch.dtype | None = None, inf_rows: str = "none") -> Trajectory:
     """loss: the per-token KL; student_grad / teacher_grad for the logits that require grad (``grad``);
-    student_after / teacher_after: the inputs as they were before the call."""
+    student_after / teacher_after: the inputs as they were before the call. With -inf entries (inf_rows) the
+    numbers are F.kl_div's: nan where a row has no softmax, and where exp(-inf) * (-inf - x) is 0 * -inf (an
+    id the weighting side masks); +inf where only the other side masks an id."""
     if grad not in KL_GRADS:
         raise ValueError(f"grad must be one of {KL_GRADS}, got {grad!r}")
-    student, teacher, upstream = kl_inputs(seed, tokens, vocab, case_dtype)
+    student, teacher, upstream = kl_inputs(seed, tokens, vocab, case_dtype, inf_rows)
     dtype = compute_dtype or case_dtype
     s = student.to(dtype).requires_grad_(grad in ("student", "both"))
     t = teacher.to(dtype).requires_grad_(grad in ("teacher", "both"))

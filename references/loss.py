@@ -52,12 +52,37 @@ def token_entropies(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
-def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None, label_smoothing=0.0):
+def continued_shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Pre-shifted labels as a caller hands them to HF's loss (``shift_labels``): position t's target is
+    labels[t + 1], and the last position's is a real one, the row's first label (a stand-in for the next
+    window's first token, which sequence-parallel chunks and packed streams carry there), not the ignored pad
+    HF's own shift puts there. A loss that drops shift_labels and shifts ``labels`` itself so loses a target."""
+    return labels.roll(-1, dims=-1)
+
+
+def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_items_in_batch=None, label_smoothing=0.0,
+                   shift_labels=None):
     """reduction: none -> per-token losses [B, T-1]; sum; mean over non-ignored tokens;
-    num_items -> sum / num_items_in_batch (HF Trainer's token-count normalisation)."""
+    num_items -> sum / num_items_in_batch (HF Trainer's token-count normalisation).
+
+    shift_labels: transformers' ForCausalLMLoss (5.24, loss/loss_utils.py) takes them as given, without shifting:
+
+        if shift_labels is None:
+            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:].contiguous()
+        logits = logits.view(-1, vocab_size)
+        shift_labels = shift_labels.view(-1)
+        loss = fixed_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
+
+    so every position's logits [B, T, V] are scored against shift_labels [B, T] (``labels`` unused), and the
+    mean counts the non-ignored shift_labels; per-token losses are then [B, T]."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    losses = token_losses(logits[..., :-1, :], labels[..., 1:], ignore_index, label_smoothing)
+    if shift_labels is None:
+        scored, targets = logits[..., :-1, :], labels[..., 1:]
+    else:
+        scored, targets = logits, shift_labels
+    losses = token_losses(scored, targets, ignore_index, label_smoothing)
     if reduction == "none":
         return losses
     total = losses.sum()
@@ -67,7 +92,7 @@ def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_item
         # transformers' fixed_cross_entropy (loss/loss_utils.py): F.cross_entropy(reduction="sum") /
         # num_items_in_batch, unguarded: a step whose targets are all ignored gives 0/0 = nan.
         return total / int(num_items_in_batch)
-    count = (labels[..., 1:] != ignore_index).sum()
+    count = (targets != ignore_index).sum()
     # torch's F.cross_entropy(reduction="mean") (what HF's ForCausalLMLoss calls) over targets that are
     # all ignore_index returns 0/0 = nan, with a zero gradient: so does this (the zero numerator's
     # gradient reaches no logit, every token being masked). Not 0: that is DeepSpeed's choice, a

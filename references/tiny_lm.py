@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from references.loss import causal_lm_loss
+from references.loss import causal_lm_loss, continued_shift_labels
 from references.seeding import seeded
 
 
@@ -39,6 +39,9 @@ class ModelSpec:
     label_smoothing: float = 0.0  # the CE's, with torch's F.cross_entropy semantics (references/loss.py)
     # Llama-shaped blocks between the embedding and proj (TinyLlamaModel); 0: TinyCausalLM, no blocks.
     blocks: int = 0
+    # "shift_labels": the model hands its loss pre-shifted labels (references/loss.py continued_shift_labels)
+    # beside the labels, as HF callers do under sequence parallelism; "labels": the loss shifts them itself.
+    labels_form: str = "labels"
 
 
 class ScaledWordEmbedding(nn.Embedding):
@@ -92,6 +95,10 @@ class TinyCausalLM(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.proj(self.embed_tokens(input_ids)))
 
+    def _shift_labels(self, labels) -> dict:
+        # Passed only when set, as an HF caller passes it: the default path's call is unchanged.
+        return {"shift_labels": continued_shift_labels(labels)} if self.spec.labels_form == "shift_labels" else {}
+
     def forward(self, input_ids, labels=None, num_items_in_batch=None):
         h = self.hidden_states(input_ids)
         if self.spec.head_input == "flat":
@@ -108,11 +115,11 @@ class TinyCausalLM(nn.Module):
             # passed, as HF callers don't.
             extra = {} if self.spec.ignore_index == -100 else {"ignore_index": self.spec.ignore_index}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.spec.vocab,
-                                      num_items_in_batch=num_items_in_batch, **extra)
+                                      num_items_in_batch=num_items_in_batch, **extra, **self._shift_labels(labels))
         else:
             loss = causal_lm_loss(logits, labels, reduction=self.spec.reduction,
                                   ignore_index=self.spec.ignore_index, num_items_in_batch=num_items_in_batch,
-                                  label_smoothing=self.spec.label_smoothing)
+                                  label_smoothing=self.spec.label_smoothing, **self._shift_labels(labels))
         return loss, logits
 
 
@@ -156,11 +163,17 @@ class TinyLlamaBlock(nn.Module):
 class TinyLlamaModel(TinyCausalLM):
     """TinyCausalLM with ``layers``, a ModuleList of Llama-shaped blocks, between the embedding and proj: a
     user's own (non-HF) model, without a config or a tp_plan. Its class name ends in Model and its blocks sit
-    in a ModuleList, which is what DeepSpeed's heuristic AutoTP parser looks for."""
+    in a ModuleList, which is what DeepSpeed's heuristic AutoTP parser looks for. A head_name under ``layers.``
+    registers the head in that block."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
+        head = self.head  # drawn before the blocks, wherever it is registered: the same weights for every head_name
         self.layers = nn.ModuleList(TinyLlamaBlock(spec.hidden) for _ in range(spec.blocks))
+        if spec.head_name.startswith("layers."):
+            # Registered inside a block ("layers.1.lm_head"), as a per-block multi-token-prediction head is, and still
+            # applied as the output head after proj: where a module is registered is what AutoTP's routing reads.
+            self.replace_head(head)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

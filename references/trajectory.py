@@ -15,7 +15,12 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
   ``step_num_items`` and ``trainer_objective`` say this once; the subjects' training loops (which
   play the user's trainer around the code under test) call them too.
 - With data parallelism each replica sees its own batches; the step gradient is the mean over
-  replicas of their accumulated gradients (DDP's all-reduce average).
+  replicas of their accumulated gradients (DDP's all-reduce average). With ``comm_dtype`` (bf16 on a
+  float32 model) the average is DDP's with torch's bf16_compress_hook
+  (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, ``_compress_hook(torch.bfloat16, ...)``:
+  ``compressed_tensor = buffer.to(dtype).div_(world_size)``, all_reduce in bf16, ``decompressed_tensor.copy_(value)``):
+  each replica's accumulated gradient cast to bf16 and divided by the DP size there, summed in bf16 in
+  replica order, cast back. The float64 oracle takes no compression: the exact average.
 - The optimizer is plain SGD, through float32 master weights when the model is bf16/fp16 (unless the
   training spec says master=False: then SGD steps the low-precision parameters themselves).
 - With ``autocast`` (a low-precision dtype) each micro-batch's forward runs under
@@ -66,6 +71,8 @@ class TrainingSpec:
     master: bool = True
     # Dynamic loss scaling (torch.amp.GradScaler's rule, references/grad_scaler.py); None: no scaling.
     loss_scale: DynamicScaling | None = None
+    # The DP gradient average's communication dtype (DDP's bf16_compress_hook for bf16); None: the gradient's own.
+    comm_dtype: torch.dtype | None = None
 
     def batches(self, step: int, dp_rank: int, vocab: int, ignore_index: int) -> list[dict]:
         return [make_batch(self.seed, step, m, dp_rank, batch=self.batch, seq=self.seq, vocab=vocab,
@@ -165,6 +172,9 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         scale = scaler.scale if scaler is not None else 1.0
         found_inf = False
         step_grads = {name: torch.zeros_like(p, dtype=step_dtype) for name, p in params.items()}
+        # DDP's bf16_compress_hook (module docstring): the replicas' compressed gradients summed in comm_dtype.
+        compressed = (None if train.comm_dtype is None or dtype == torch.float64 else
+                      {name: torch.zeros_like(p, dtype=train.comm_dtype) for name, p in params.items()})
         # The step's batches, made once (step_num_items would make them again to count their targets).
         step_batches = [train.batches(step, dp_rank, model_spec.vocab, model_spec.ignore_index)
                         for dp_rank in range(train.dp)]
@@ -186,7 +196,12 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
                 found_inf = found_inf or any_non_finite(p.grad for p in params.values())
             for name, p in params.items():
                 grad = p.grad.to(step_grads[name].dtype)
-                step_grads[name] += (grad if scaler is None else grad / scale) / train.dp
+                if compressed is not None:
+                    compressed[name] += (grad if scaler is None else grad / scale).to(train.comm_dtype).div_(train.dp)
+                else:
+                    step_grads[name] += (grad if scaler is None else grad / scale) / train.dp
+        if compressed is not None:
+            step_grads = {name: g.to(step_dtype) for name, g in compressed.items()}
         for name, g in step_grads.items():
             traj.put("grad", step, None, None, name, g)
         if skips is not None:

@@ -35,7 +35,7 @@ import torch
 
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.rounding import RoundingNoise
-from references.loss import causal_lm_loss
+from references.loss import causal_lm_loss, continued_shift_labels
 from references.seeding import exact_inputs
 from references.trajectory import trainer_objective
 
@@ -75,7 +75,9 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
         z = torch.from_numpy(np.stack(logits)).to(dtype).requires_grad_(True)
         w = None if weights is None else torch.from_numpy(np.stack(weights)).to(dtype)
     losses = [causal_lm_loss(z[i], labels[i], reduction=spec.reduction, ignore_index=spec.ignore_index,
-                             num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None)
+                             num_items_in_batch=num_items[i] if spec.reduction == "num_items" else None,
+                             **({"shift_labels": continued_shift_labels(labels[i])}
+                                if spec.labels_form == "shift_labels" else {}))
               for i in range(len(logits))]
     sum(trainer_objective(loss, train, spec.reduction) for loss in losses).backward()
     dz = z.grad.reshape(len(logits), -1, z.shape[-1])

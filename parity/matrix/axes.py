@@ -43,6 +43,7 @@ REJECTIONS = (
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
     "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model",
+    "vocab_two_heads", "vocab_nested_heads", "heuristic_two_heads", "hf_plan_two_heads",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",
     "compile_autotp_eager_column", "compile_autotp_row_head",
@@ -66,9 +67,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("hidden", None, 32, lambda v: f"h{v}"),
     Axis("tied", (False, True), False, _flag("tied", "untied"), help="head weight shared with the embedding"),
     Axis("bias", (True, False), True, _flag("bias", "nobias")),
-    Axis("head", ("lm_head", "embed_out", "model.lm_head", "output"), "lm_head", lambda v: v.replace(".", "_"),
+    Axis("head", ("lm_head", "embed_out", "model.lm_head", "output", "layers.1.lm_head"), "lm_head",
+         lambda v: v.replace(".", "_"),
          help="where the output head lives: lm_head, embed_out, nested as model.lm_head, or output (a name only "
-              "partition_config.lm_head_patterns makes a head; vocab_parallel only)"),
+              "partition_config.lm_head_patterns makes a head; vocab_parallel only), or layers.1.lm_head (registered "
+              "in the last block of the ModuleList, as a per-block multi-token-prediction head; heuristic_blocks only)"),
     Axis("ignore", ("none", "scattered", "micro", "step"), "scattered", lambda v: f"ign_{v}",
          help="ignore_index pattern: none, scattered, + a whole micro-batch ignored, + a whole step ignored"),
     Axis("zero", (0, 1, 2, 3), 0, lambda v: f"zero{v}", minimum=0),
@@ -81,6 +84,9 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("sp", None, 1, lambda v: f"sp{v}", quiet_default=True,
          help="loss-only subjects: sequence-parallel size; each rank holds its TP rank's vocabulary shard of its "
               "SP rank's contiguous sequence chunk (world tp x sp; SP rank = rank // tp, the DP slot)"),
+    Axis("sp_chunks", ("equal", "uneven"), "equal", lambda v: f"spc_{v}", quiet_default=True,
+         help="loss-only subjects with sp: the sequence chunks' sizes: equal, or uneven (references/cross_entropy.py "
+              "sequence_chunk_sizes: 24 tokens as 15/9 over SP 2, 10/8/6 over SP 3)"),
     Axis("seq_gather", (False, True), False, _flag("gseq", "nogseq"), quiet_default=True,
          help="loss-only subjects with sp: gather_sequence_loss, the per-token loss all-gathered over the SP "
               "group (the whole sequence's on every rank) instead of the rank's own chunk"),
@@ -115,9 +121,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="what DeepSpeed's Liger gate is told about Triton: the device's own answer, or 'claimed' (a harness "
               "shortcut for CPU ranks: the gate sees the accelerator answer as CUDA does, Liger then runs in "
               "Triton's interpreter; vocab_parallel only)"),
-    Axis("ignore_index", (-100, 0), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
+    Axis("ignore_index", (-100, 0, 3), -100, lambda v: f"ignidx{v}", minimum=-100, quiet_default=True,
          help="the label id the model ignores: -100 (HF's default, not passed) or 0 (a pad id the model passes "
-              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs)"),
+              "to its loss_function as ignore_index=0, as an HF model forwards its caller's loss kwargs); on the "
+              "loss-only CEs (ds_vocab_ce, ds_vocab_ce_module) the ignore_index passed: 0 or 3 (an id inside TP rank "
+              "0's shard), whose drawn and scattered targets are then the ignored ones"),
     Axis("label_smoothing", (0.0, 0.1), 0.0, lambda v: f"ls{v:g}", quiet_default=True,
          help="the CE's label smoothing, torch's F.cross_entropy(label_smoothing=...) semantics in the reference "
               "(megatron vocab-parallel subjects and liger_vocab_ce)"),
@@ -141,12 +149,13 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="which draw of initial weights and data (every subject has it): 0 is the suite's historical seeds, "
               "N > 0 offsets each subject's base seed (parity.subjects.base.case_seed); `parity run --seed N / "
               "--seeds K`"),
-    Axis("dp_reduce", ("average", "prescale", "predivide2", "comm_fp32"), "average", lambda v: f"dpred_{v}",
+    Axis("dp_reduce", ("average", "prescale", "predivide2", "comm_fp32", "comm_bf16"), "average", lambda v: f"dpred_{v}",
          quiet_default=True,
          help="DeepSpeed engine subjects: how the data-parallel gradient reduction is configured. average: the "
               "defaults; prescale: prescale_gradients (divide by the DP size before the all-reduce); predivide2: "
               "gradient_predivide_factor 2.0 (divide by 2 before, multiply by 2 / DP size after); comm_fp32: "
-              "communication_data_type fp32. Every one is DDP's average to the reference"),
+              "communication_data_type fp32; comm_bf16: communication_data_type bf16 (on an fp32 model: the reference "
+              "is DDP with torch's bf16_compress_hook, references/trajectory.py). The others are DDP's average"),
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
@@ -255,14 +264,25 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("max_norm", (0.0, 1.0), 0.0, lambda v: "nomaxn" if v == 0 else f"maxn{v:g}", quiet_default=True,
          help="embed_spec_untied: the embedding's max_norm (0 = off): each lookup renormalises, in place, every "
               "looked-up row whose L2 norm exceeds it (torch's nn.Embedding semantics)"),
-    Axis("inf_rows", ("none", "all"), "none", lambda v: f"inf_{v}", quiet_default=True,
+    Axis("inf_rows", ("none", "all", "masked"), "none", lambda v: f"inf_{v}", quiet_default=True,
          help="ds_vocab_ce, ds_vocab_logprobs, ds_vocab_entropy: two rows of logits that are all -inf (a fully "
-              "masked position; one with its target ignored under scattered ignores), where torch gives nan"),
+              "masked position; one with its target ignored under scattered ignores), where torch gives nan; "
+              "ds_vocab_kl: all (a student row, a teacher row and a row of both all -inf) or masked (some ids -inf: "
+              "the teacher's, both's, the student's; references/kl_div.py _mask)"),
     Axis("topk", (0, 2, 4, 8), 0, lambda v: f"top{v}", quiet_default=True,
          help="ds_vocab_logprobs: 0 asks for one id per token (the target); k > 0 for k ids per token, an index "
               "[..., k] as a teacher's top-k (references/cross_entropy.py topk_index), held to "
               "log_softmax(full logits).gather(-1, index)"),
-    Axis("targets", ("valid", "out_of_range"), "valid", lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob"}[v],
-         help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard)",
+    Axis("labels", ("labels", "shift_labels"), "labels", lambda v: {"labels": "lbl", "shift_labels": "shiftlbl"}[v],
+         quiet_default=True,
+         help="how the model hands its targets to its loss_function: labels (the loss shifts them), or shift_labels "
+              "beside them, pre-shifted with a real target at the last position (references/loss.py "
+              "continued_shift_labels), which transformers' ForCausalLMLoss scores as given (vocab_parallel, "
+              "column_gathered; mean)"),
+    Axis("targets", ("valid", "out_of_range", "minus100"), "valid",
+         lambda v: {"valid": "tgt_ok", "out_of_range": "tgt_oob", "minus100": "tgt_m100"}[v],
+         help="loss-only subjects: one non-ignored target set to the vocabulary size (belongs to no shard), or "
+              "(minus100, with another ignore_index) to -100, HF's usual ignore id, which is then an ordinary, "
+              "out-of-range target: torch's F.cross_entropy(ignore_index=k) raises for it",
          quiet_default=True),
 ]}

@@ -22,7 +22,8 @@ FEATURES = {
     "megatron_vocab_parallel": VOCAB,
     "row_parallel": ROW, "direct_row_parallel": ROW, "hf_plan_row": ROW, "torch_row_parallel": ROW,
     "vocab_parallel_embedding": EMBED, "torch_vocab_embedding": EMBED, "megatron_vocab_embedding": EMBED,
-    "tied_row_parallel": TIED, "tied_vocab_parallel": TIED, "hf_plan_tied": TIED,
+    "tied_row_parallel": TIED, "tied_vocab_parallel": TIED, "tied_column_gathered": TIED, "tied_plan_head": TIED,
+    "hf_plan_tied": TIED,
 }
 # Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec, and how
 # DeepSpeed finds the head (spec_reach, preset_llama, heuristic_blocks: DeepSpeed's module selection, no other

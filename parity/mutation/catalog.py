@@ -32,6 +32,8 @@ from typing import Callable
 ENV_VAR = "PARITY_MUTANT"
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
 ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
+TIED_COLUMN = "tied_column_gathered"  # a gathered column spec on a tied head: AutoTP's replicated tie fallback
+TIED_PLAN = "tied_plan_head"  # a tied head through an HF-style tp_plan: the tie fallback, or the auto vocab-parallel head
 EMBED, DS_CE, FUSED_CE, LIGER_CE = "vocab_parallel_embedding", "ds_vocab_ce", "ds_fused_linear_ce", "liger_vocab_ce"
 D_COLUMN, D_VOCAB, D_ROW = "direct_column_gathered", "direct_vocab_parallel", "direct_row_parallel"
 DS_LIGER, INFERENCE, REJECT = "ds_liger_ce", "inference_head", "ds_reject"
@@ -50,7 +52,7 @@ M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_paralle
 # The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
 UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
 # Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
-FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
+FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, TIED_COLUMN, TIED_PLAN, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
             DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
             T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
             SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
@@ -852,6 +854,18 @@ def _causal_loss_ignores_num_items():
     return _swap(cls, "__call__", __call__)
 
 
+def _causal_loss_drops_shift_labels():
+    cls = _ce().VocabParallelCausalLMLoss
+    original = cls.__call__
+
+    def __call__(self, logits, labels=None, vocab_size=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        # upstream: shift_labels scored as given against every position; this one shifts labels itself
+        return original(self, logits, labels=labels, vocab_size=vocab_size, num_items_in_batch=num_items_in_batch,
+                        **kwargs)
+
+    return _swap(cls, "__call__", __call__)
+
+
 # -- the suite's own references (parent process) ------------------------------------------------------
 
 def _reference_no_causal_shift():
@@ -931,6 +945,27 @@ def _autotp_accepts_empty_vocab_shard():
         return tied_embeddings
 
     return _swap(auto_tp.AutoTP, "_validate_vocab_parallel_layer", _validate_vocab_parallel_layer)
+
+
+def _tie_fallback_unties():
+    from torch import nn
+
+    from deepspeed.module_inject import auto_tp
+
+    original = auto_tp.AutoTP._configure_gathered_column_tie_fallbacks
+
+    def _configure_gathered_column_tie_fallbacks(self):
+        configured = self._gathered_column_tie_fallbacks_configured
+        original(self)
+        if configured:
+            return
+        # planted: upstream leaves the recorded head holding the embedding's Parameter; here it gets a copy, so
+        # both stay replicated but each trains on its own gradient (the tie broken)
+        for name, module in list(self.module.named_modules()):
+            if name in self._tied_gathered_column_module_names and not isinstance(module, nn.Embedding):
+                module.weight = nn.Parameter(module.weight.detach().clone())
+
+    return _swap(auto_tp.AutoTP, "_configure_gathered_column_tie_fallbacks", _configure_gathered_column_tie_fallbacks)
 
 
 # -- PyTorch DTensor (torch.distributed.tensor, torch 2.13) -------------------------------------------
@@ -1130,8 +1165,8 @@ MUTANTS = [
            (COLUMN,), _gather_backward_rank0_slice),
     Mutant("gather_forward_reversed",
            "GatherFromTensorParallelRegion.forward concatenates the shards in reverse rank order",
-           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.forward", "logits", (COLUMN, D_COLUMN, HF_COLUMN),
-           _gather_forward_reversed),
+           "deepspeed.module_inject.layers.GatherFromTensorParallelRegion.forward", "logits",
+           (COLUMN, D_COLUMN, HF_COLUMN, HEURISTIC), _gather_forward_reversed),
     Mutant("bias_not_added", "add_bias returns the matmul output without the (sharded) bias",
            "deepspeed.module_inject.layers.add_bias", "logits (bias cases)", (COLUMN, VOCAB), _add_bias(0)),
     Mutant("bias_added_twice", "add_bias adds the (sharded) bias twice",
@@ -1178,6 +1213,11 @@ MUTANTS = [
            "VocabParallelCausalLMLoss drops num_items_in_batch and returns the micro-batch mean",
            "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (num_items)",
            (VOCAB,), _causal_loss_ignores_num_items),
+    Mutant("causal_loss_drops_shift_labels",
+           "VocabParallelCausalLMLoss ignores shift_labels and shifts labels itself (the last position's target lost)",
+           "deepspeed.sequence.cross_entropy.VocabParallelCausalLMLoss.__call__", "loss (shift_labels)",
+           (VOCAB,), _causal_loss_drops_shift_labels,
+           cases=("vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-shiftlbl",)),
     Mutant("column_forward_extra_allreduce",
            "ColumnParallel.forward issues a MAX all-reduce of (a copy of) its replicated input: every number "
            "is unchanged, one extra TP collective per head call",
@@ -1222,7 +1262,7 @@ MUTANTS = [
     Mutant("vocab_embedding_no_allreduce",
            "VocabParallelEmbedding.forward returns the masked local lookup without the all-reduce",
            "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits",
-           (TIED_VOCAB, EMBED, HF_TIED), _vocab_embedding(reduce=False)),
+           (TIED_VOCAB, EMBED, HF_TIED, TIED_PLAN), _vocab_embedding(reduce=False)),
     Mutant("vocab_embedding_drops_embed_scale",
            "VocabParallelEmbedding.forward returns the reduced lookup without Gemma3's embed_scale",
            "deepspeed.module_inject.layers.VocabParallelEmbedding.forward", "embedding / logits (escale_gemma3 cases)",
@@ -1261,6 +1301,11 @@ MUTANTS = [
            "tp): the documented rejection no longer happens where DeepSpeed promises it",
            "deepspeed.module_inject.auto_tp.AutoTP._validate_vocab_parallel_layer",
            "rejection (ds_reject vocab_empty_shard)", (REJECT,), _autotp_accepts_empty_vocab_shard),
+    Mutant("tie_fallback_unties",
+           "AutoTP's gathered-column tie fallback leaves the head replicated but holding a copy of the embedding's "
+           "weight: two Parameters, each trained on its own part of the tied gradient",
+           "deepspeed.module_inject.auto_tp.AutoTP._configure_gathered_column_tie_fallbacks",
+           "shared_param, then grad / weight of embed_tokens.weight", (TIED_COLUMN, TIED_PLAN), _tie_fallback_unties),
     Mutant("torch_partial_no_allreduce",
            "DTensor's Partial -> Replicate keeps each rank's partial value (no all-reduce): row-parallel logits "
            "and a column head's input gradient stay partial sums",

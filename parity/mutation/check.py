@@ -56,6 +56,8 @@ SELECTION = {
         "vocab_parallel-torch-fp32-num_items-v34-h35-bias-embed_out-ign_scattered-zero2-gas2-tp2-cpu",
         "vocab_parallel-torch-fp16-mean-v35-h35-nobias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
         "vocab_parallel-torch-bf16-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",  # as above
+        # pre-shifted labels: the only ones a loss that drops shift_labels gets wrong
+        "vocab_parallel-torch-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-shiftlbl",
     ],
     # The other subjects: two TP=2 cases each (one fp32, one low precision; bias; even and uneven),
     # enough for their mutants; world 2 so one rank group serves every family of a mutant.
@@ -114,6 +116,15 @@ SELECTION = {
     catalog.DS_LIGER_NO_GROUP: ["ds_liger_no_group-fp32-v32-ign_scattered-tp2-cpu"],
     catalog.INFERENCE: ["inference_head-fp32-v34-h32-untied-bias-lm_head-tp2-grain64-cpu"],
     catalog.REJECT: ["ds_reject-vocab_empty_shard-tp2-cpu"],
+    catalog.TIED_COLUMN: [
+        "tied_column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-padlast-espec_none",
+        "tied_column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-padlast-espec_row",
+    ],
+    # The custom-named head first (the tie fallback), then the lm_head twin the auto path makes vocab-parallel.
+    catalog.TIED_PLAN: [
+        "tied_plan_head-fp32-mean-v35-h32-bias-output-ign_scattered-zero0-gas2-tp2-cpu-vplm_unset-padlast",
+        "tied_plan_head-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_unset-padlast",
+    ],
     catalog.HF_COLUMN: ["hf_plan_column-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-plan_colwise_gather_output"],
     catalog.HF_ROW: ["hf_plan_row-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu"],
     catalog.HF_TIED: ["hf_plan_tied-fp32-mean-v34-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
@@ -135,7 +146,10 @@ SELECTION.update({
 SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],
     catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
-    catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
+    # The head registered in a block, which the block walk makes a gathered column LinearLayer (vocab_parallel_lm_head
+    # false): the gather mutant's case in this family.
+    catalog.HEURISTIC: ["heuristic_blocks-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true",
+                        "heuristic_blocks-fp32-mean-v35-h32-bias-layers_1_lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_false"],
 })
 SELECTION.update({
     # Resumed at the saving TP (a rank > 0 must get its own slice back) and at another (tp 2 -> tp 1 x dp 2).

@@ -25,7 +25,8 @@ from parity.subjects.deepspeed_inference import InferenceHead
 from parity.subjects.deepspeed_reach import HeuristicBlocksHead, PresetLlamaHead, SpecReachHead
 from parity.subjects.deepspeed_rejects import DeepSpeedRejection
 from parity.subjects.deepspeed_row import RowParallelHead
-from parity.subjects.deepspeed_tied import TiedRowParallelHead, TiedVocabParallelHead
+from parity.subjects.deepspeed_tied import (TiedColumnGatheredHead, TiedPlanHead, TiedRowParallelHead,
+                                            TiedVocabParallelHead)
 from parity.subjects.deepspeed_universal import UniversalColumnGathered, UniversalRowParallel, UniversalVocabParallel
 from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
 from parity.subjects.liger_ce import LigerVocabParallelCE
@@ -38,7 +39,7 @@ SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowPa
                                 LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
                                 DeepSpeedFusedLinearCE(), DeepSpeedVocabParallelLogProbs(), DeepSpeedVocabParallelEntropy(),
                                 DeepSpeedVocabParallelKL(), DeepSpeedVocabParallelCEModule(), DeepSpeedVocabSequenceParallelCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(),
+                                TiedRowParallelHead(), TiedVocabParallelHead(), TiedColumnGatheredHead(), TiedPlanHead(),
                                 DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
                                 DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
                                 HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),

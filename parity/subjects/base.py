@@ -128,7 +128,7 @@ class Subject(ABC):
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
                          head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
                          reduction=values.get("reduction", "mean"), ignore_index=values.get("ignore_index", -100),
-                         label_smoothing=values.get("label_smoothing", 0.0))
+                         label_smoothing=values.get("label_smoothing", 0.0), labels_form=values.get("labels", "labels"))
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""

@@ -37,7 +37,8 @@ SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, 
 AUTOCAST_CONFIG = {"bf16": "bfloat16"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
-                    "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
+                    "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
+                    "comm_bf16": {"communication_data_type": "bf16"}}
 
 
 def setup_deepspeed(ctx: RankContext) -> None:
@@ -198,7 +199,10 @@ def rank_decisions(engine, head) -> dict:
              # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
              # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
              "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
-                                    if hasattr(engine.optimizer, "ipg_buckets") else None)}
+                                    if hasattr(engine.optimizer, "ipg_buckets") else None),
+             # The dtype ZeRO 0's DP all-reduce casts gradients to (engine.allreduce_bucket), which no bucket shows:
+             # a reduction more precise than asked would stay inside a bf16 bound.
+             "communication_data_type": str(engine.communication_data_type)}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     # The kv-head count AutoTP read off the model's config (tp_shard.AutoTPMeta): proof the config reached it.
@@ -513,8 +517,11 @@ class EngineHead(Subject):
             # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
             # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
-        elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") == "comm_fp32":
-            found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for
+        elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") in ("comm_fp32", "comm_bf16"):
+            # what communication_data_type asks for
+            found["zero_reduce_dtypes"] = ["torch.float32" if values["dp_reduce"] == "comm_fp32" else "torch.bfloat16"]
+        if values.get("dp_reduce") in ("comm_fp32", "comm_bf16"):
+            found["communication_data_type"] = "torch.float32" if values["dp_reduce"] == "comm_fp32" else "torch.bfloat16"
         if values.get("model_config", "none") != "none":
             found["kv_heads"] = text_kv_heads(values["model_config"])
         if loss_scaling.setting(values) is not None:
@@ -548,9 +555,19 @@ class EngineHead(Subject):
         spec = super().training_spec(values)
         if loss_scaling.grad_scaler(values) is not None:
             spec = dataclasses.replace(spec, loss_scale=loss_scaling.grad_scaler(values))
+        if values.get("dp_reduce") == "comm_bf16":
+            # A user who asks for bf16 gradient communication in plain PyTorch: DDP with bf16_compress_hook.
+            spec = dataclasses.replace(spec, comm_dtype=torch.bfloat16)
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
+        if values.get("dp_reduce") == "comm_bf16" and (values["dtype"] != "fp32"
+                                                        or values.get("autocast", "off") != "off"):
+            # A bf16/fp16 model communicates in its own dtype by default; autocast sets ZeRO's reduction dtype itself.
+            return "dp_reduce comm_bf16 is held on fp32 models without autocast (DDP's bf16_compress_hook reference)"
+        if values.get("labels", "labels") == "shift_labels" and values.get("reduction", "mean") != "mean":
+            # num_items would need the trainer's count over shift_labels (references/data.py counts labels[..., 1:]).
+            return "labels shift_labels is held to HF's mean only"
         return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
@@ -732,12 +749,17 @@ class EngineHead(Subject):
         return obs
 
 
+# The pad id the engine subjects' model may pass: 0 is the one case of the installed loss dropping it; 3 (the loss-only
+# CEs' other id) would meet the same documented divergence at every vocab_parallel point.
+ENGINE_IGNORE_INDEX = (-100, 0)
+
+
 class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
-    axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None}
+    axes = {**COMMON_AXES, "ignore_index": ENGINE_IGNORE_INDEX, "process": None, "use_default_specs": None,
+            "grad_allreduce": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, "labels": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -765,8 +787,10 @@ class VocabParallelHead(EngineHead):
     # 'none' is not reachable through the model hook (the direct CE subject covers it).
     # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
     # reads the head counts from (tp_shard.AutoTPMeta).
-    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
-            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None}
+    # head: named, not the whole axis (heuristic_blocks' layers.1.lm_head is no head of this model).
+    axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": (*NAMED_HEADS, "output"),
+            "ignore_index": ENGINE_IGNORE_INDEX, "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES,
+            "model_config": None, "model_init": None, "labels": None}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

@@ -65,7 +65,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
             "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None,
-            "inf_rows": None}
+            "inf_rows": None, "ignore_index": None, "sp_chunks": None}
     defaults = {"reduction": "none"}
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -74,7 +74,8 @@ class DeepSpeedVocabParallelCE(LogitsCE):
         setup_deepspeed(ctx)
         return vocab_parallel_cross_entropy(local, targets, tp_group=group, sp_group=sequence_group(ctx, values),
                                             vocab_start_index=part.start, vocab_end_index=part.stop,
-                                            global_vocab_size=global_vocab_size(values), ignore_index=IGNORE_INDEX,
+                                            global_vocab_size=global_vocab_size(values),
+                                            ignore_index=self.ignore_index(values),
                                             reduction=values["reduction"],
                                             gather_sequence_loss=values.get("seq_gather", False), backend="torch")
 
@@ -88,7 +89,7 @@ class DeepSpeedVocabSequenceParallelCE(LogitsCE):
     description = ("deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy on the vocabulary shard "
                    "of a sequence chunk")
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
-            "sp": None, "seq_gather": None, "device": None}
+            "sp": None, "seq_gather": None, "device": None, "sp_chunks": None}
     defaults = {"reduction": "none", "seq_gather": True}
 
     def loss(self, values, ctx, local, targets, group, part, obs):

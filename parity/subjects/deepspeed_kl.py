@@ -44,7 +44,7 @@ class DeepSpeedVocabParallelKL(Subject):
     description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div (forward / reverse) on vocabulary "
                    "shards, against the per-token KL of the full logits")
     axes = {"dtype": None, "reverse": None, "vocab": None, "kl_grad": None, "kl_shards": None, "tp": None,
-            "device": None}
+            "device": None, "inf_rows": None}
 
     def claims(self, values):
         grad = values.get("kl_grad", "both")
@@ -62,7 +62,8 @@ class DeepSpeedVocabParallelKL(Subject):
 
     def reference(self, values, compute_dtype=None):
         return kl_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
-                            values.get("kl_grad", "both"), DTYPES[values["dtype"]], compute_dtype)
+                            values.get("kl_grad", "both"), DTYPES[values["dtype"]], compute_dtype,
+                            values.get("inf_rows", "none"))
 
     def run_rank(self, values, ctx):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_kl_div
@@ -71,7 +72,8 @@ class DeepSpeedVocabParallelKL(Subject):
         tp, vocab, grad = values["tp"], values["vocab"], values.get("kl_grad", "both")
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
-        student, teacher, upstream = kl_inputs(case_seed(SEED, values), TOKENS, vocab, DTYPES[values["dtype"]])
+        student, teacher, upstream = kl_inputs(case_seed(SEED, values), TOKENS, vocab, DTYPES[values["dtype"]],
+                                               values.get("inf_rows", "none"))
         part = shard_slice(vocab, tp, tp_rank)
         local_s = student[:, part].to(ctx.device).contiguous().requires_grad_(grad in ("student", "both"))
         columns = teacher_columns(vocab, tp, tp_rank, values.get("kl_shards", "same"))

@@ -12,7 +12,8 @@ other engine subjects do (issue 13, "reach").
 - ``heuristic_blocks``: no partition_config, no tp_plan: the engine's heuristic path (``AutoTP.tp_parser`` +
   ``replace_transformer_layer(training_mode=True)``, engine.py:1201-1231) on the same model, ``vocab_parallel_lm_head``
   true (a separate AutoTP replaces the head) or false (nothing reaches the head: ``set_lm_head`` returns at once in
-  training mode).
+  training mode). With the head registered in the last block (``head = "layers.1.lm_head"``) the block walk reaches it:
+  false makes it a gathered column LinearLayer (``AutoTP._replace``'s training rule for an lm_head name).
 
 TinyLlamaModel is the user's model, so the reference is the same model trained unsharded (references/trajectory.py);
 every block projection's shards are declared in the claims, so the gradients and weights of the blocks are checked
@@ -24,7 +25,7 @@ import dataclasses
 import re
 import types
 
-from parity.subjects.base import Claims
+from parity.subjects.base import NAMED_HEADS, Claims
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, EngineHead, reports_grad_norm
 
 BLOCKS = 2  # two blocks of one class: the heuristic parser keeps one policy per block class, the walk meets both
@@ -127,8 +128,21 @@ class HeuristicBlocksHead(LlamaBlocksHead):
                    "down_proj row, the rest column); vocab_parallel_lm_head true replaces the head by a separate "
                    "AutoTP, false leaves it a replicated nn.Linear.")
 
+    # layers.1.lm_head: the head registered in a block, which the heuristic walk (replace_transformer_layer over the
+    # ModuleList's block class) reaches, unlike a top-level head (inventory row "heuristic head routing").
+    axes = {**LlamaBlocksHead.axes, "head": (*NAMED_HEADS, "layers.1.lm_head")}
+
     def tensor_parallel_config(self, values):
         return self.vocab_parallel(values)
+
+    def claims(self, values):
+        claims, head = super().claims(values), values["head"]
+        if head.startswith("layers.") and values["vocab_parallel_lm_head"] == "false":
+            # AutoTP._replace's training rule for a Linear whose last name segment is lm_head (auto_tp.py:449-472):
+            # a column LinearLayer with gathered output, never the inference LmHeadLinearAllreduce.
+            return dataclasses.replace(claims, module_types={**claims.module_types, head: "LinearLayer"},
+                                       param_shards={**claims.param_shards, f"{head}.weight": 0, f"{head}.bias": 0})
+        return claims
 
 
 SUBJECTS = [SpecReachHead(), PresetLlamaHead(), HeuristicBlocksHead()]

@@ -142,6 +142,24 @@ def _plain(spec):
     return build_model(spec, SEED, torch.float32)
 
 
+def _second_head(path: str, tp_plan: bool = False):
+    """A second [V, H] output head at ``path`` beside lm_head, as a model with a multi-token-prediction head has
+    (``mtp_head``, or the nested ``mtp.lm_head`` of an MTP module holding its own lm_head). tp_plan: the model also
+    carries an HF tp_plan for lm_head, so that the engine takes the plan's path."""
+    def build(spec):
+        model = build_model(spec, SEED, torch.float32)
+        *parents, leaf = path.split(".")
+        owner = model
+        for part in parents:
+            owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        owner.add_module(leaf, _seeded(lambda: nn.Linear(spec.hidden, spec.vocab, bias=spec.bias)))
+        if tp_plan:
+            model._tp_plan = {"lm_head": "colwise_gather_output"}
+        return model
+    return build
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineVariant:
     tp_config: dict
@@ -217,6 +235,16 @@ ENGINE_VARIANTS = {
     "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
     # no partition_config, no tp_plan: the heuristic path, on blocks it can shard but a class name it cannot place
     "heuristic_unnamed_model": EngineVariant({"vocab_parallel_lm_head": True}, _llama_shaped_unnamed),
+    # two Linears that qualify as the vocab-parallel head (auto_tp._resolve_vocab_parallel_lm_head): a second head
+    # named in lm_head_patterns, or a nested one whose last name segment is lm_head; through a partition_config,
+    # the heuristic path, or an HF tp_plan
+    "vocab_two_heads": EngineVariant(
+        {"vocab_parallel_lm_head": True,
+         "partition_config": {**_specs()["partition_config"], "lm_head_patterns": ["lm_head", "mtp_head"]}},
+        _second_head("mtp_head")),
+    "vocab_nested_heads": EngineVariant(VOCAB_PARALLEL, _second_head("mtp.lm_head")),
+    "heuristic_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head")),
+    "hf_plan_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head", tp_plan=True)),
     # the user's own TP groups, laid out unlike DeepSpeed's mesh: DeepSpeed must use them or refuse them
     "user_tp_group_tp_model_init": EngineVariant(_specs(COLUMN_GATHERED), user_tp="tp_model_init", dp=2),
     "user_tp_group_config": EngineVariant(_specs(COLUMN_GATHERED), user_tp="config", dp=2),

@@ -9,6 +9,15 @@ gradient (lookup + projection). Both subjects must keep one Parameter per rank, 
   walk (``_find_tied_row_parallel_embedding_ids``), leaves the embedding to the head
   (``_slice_embedding`` returns early) and replaces it with ``HiddenParallelEmbedding`` sharing the
   head's shard: the lookup reads this rank's hidden columns and all-gathers them along hidden.
+- ``tied_column_gathered``: a gathered column spec (``gather_output: true``) on a tied head. AutoTP cannot
+  shard one Parameter as a gathered column head and keep it the embedding's, so it leaves both replicated and
+  tied, with a warning (``_configure_gathered_column_tie_fallbacks``, auto_tp.py:808-864, run before the walk;
+  the walk then skips both names, an explicit embedding spec included): plain torch on every rank.
+- ``tied_plan_head``: the same tied model carrying an HF-style tp_plan (``embed_tokens: embedding_rowwise``, the head
+  ``colwise_gather_output``) and no partition_config, so the engine takes the plan's path. With
+  ``vocab_parallel_lm_head`` unset, DeepSpeed turns the vocabulary-parallel head on by itself only for a tied Linear
+  named ``lm_head`` or ``embed_out`` (engine.py:1116-1125, the names hard-coded); a head named ``output`` gets the
+  gathered-column tie fallback instead: both replicated, plain torch.
 - ``tied_vocab_parallel`` (#8859): ``vocab_parallel_lm_head: true``; the tied embedding is recorded
   in ``_tied_vocab_parallel_embedding_ids`` at AutoTP construction and replaced by
   ``VocabParallelEmbedding(tied_vocab_parallel_linear=head)`` (masked local lookup + all-reduce)
@@ -31,7 +40,7 @@ import dataclasses
 from importlib.util import find_spec
 
 from parity.subjects.base import Claims, padding_index
-from parity.subjects.deepspeed_autotp import COMMON_AXES, VocabParallelHead
+from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, VocabParallelHead, reports_grad_norm
 from parity.subjects.deepspeed_row import RowParallelHead
 
 TIED_AXES = {"padding": None, "embed_spec": None, "embed_scale": None}
@@ -123,4 +132,62 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
             shared_params=((f"{head}.weight", "embed_tokens.weight"),))
 
 
-SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead()]
+class TiedColumnGatheredHead(TiedEmbedding, ColumnGatheredHead):
+    name = "tied_column_gathered"
+    description = ("A gathered column spec on a tied head: AutoTP's tie fallback leaves the head and its embedding "
+                   "replicated and tied (one Parameter, unsharded), with a warning; full logits, the suite's CE.")
+    # head output: the spec's pattern and the fallback's spec lookup (find_matching_spec) take any name.
+    # No embed_scale: the claims name plain nn.Embedding, and a replicated Gemma3 embedding keeps its own forward.
+    axes = {**COMMON_AXES, "head": ("lm_head", "model.lm_head", "output"), "padding": None, "embed_spec": None,
+            "save": None}
+
+    def claims(self, values):
+        head = values["head"]
+        return Claims(module_types={head: "Linear", "proj": "Linear", "embed_tokens": "Embedding"},
+                      param_shards={"embed_tokens.weight": None, f"{head}.bias": None},
+                      shared_params=((f"{head}.weight", "embed_tokens.weight"),),
+                      reports_grad_norm=reports_grad_norm(values))
+
+
+class TiedPlanHead(TiedColumnGatheredHead):
+    name = "tied_plan_head"
+    description = ("A tied head through the model's HF-style tp_plan (embedding_rowwise + colwise_gather_output), "
+                   "vocab_parallel_lm_head unset or false: DeepSpeed's auto vocab-parallel path takes a head named "
+                   "lm_head, and leaves one named output replicated and tied (the tie fallback).")
+    axes = {**COMMON_AXES, "head": ("output", "lm_head"), "vocab_parallel_lm_head": ("unset", "false"), "padding": None}
+    defaults = {"head": "output"}
+
+    def auto_vocab_parallel(self, values) -> bool:
+        # engine.py:1116-1125: the tied-head test reads only these two names, not partition_config.lm_head_patterns.
+        return values["vocab_parallel_lm_head"] == "unset" and values["head"].split(".")[-1] in ("lm_head", "embed_out")
+
+    def invalid(self, values):
+        if self.auto_vocab_parallel(values) and values.get("reduction", "mean") not in ("mean", "num_items"):
+            return ("the auto path installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
+                    "num_items_in_batch: 'none' and 'sum' are no reduction it offers")
+        return super().invalid(values)
+
+    def tensor_parallel_config(self, values):
+        # No partition_config: a non-empty one, lm_head_patterns alone included, would take the engine off the plan.
+        setting = values["vocab_parallel_lm_head"]
+        return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
+
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        # DeepSpeed reads an instance's _tp_plan as an HF tp_plan (runtime/tensor_parallel/config.py _get_hf_tp_plan).
+        model._tp_plan = {"embed_tokens": "embedding_rowwise", values["head"]: "colwise_gather_output"}
+        return model
+
+    def claims(self, values):
+        if not self.auto_vocab_parallel(values):
+            return super().claims(values)
+        head = values["head"]
+        return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "VocabParallelEmbedding",
+                                    "loss_function": "VocabParallelCausalLMLoss"},
+                      param_shards={"embed_tokens.weight": 0, f"{head}.bias": 0},
+                      micro_records={"logits": -1, "loss": None, "head_input_grad": None}, loss_backend="torch",
+                      shared_params=((f"{head}.weight", "embed_tokens.weight"),),
+                      reports_grad_norm=reports_grad_norm(values))
+
+
+SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead(), TiedColumnGatheredHead(), TiedPlanHead()]

@@ -66,6 +66,7 @@ class LogitsCE(Subject):
                             self.ignore_index(values), reduction=values.get("reduction", "none"),
                             backward=values.get("backward", "once"), measure=self.measure,
                             label_smoothing=values.get("label_smoothing", 0.0), sequence_parts=values.get("sp", 1),
+                            uneven_chunks=values.get("sp_chunks", "equal") == "uneven",
                             gathered=values.get("seq_gather", False), inf_rows=values.get("inf_rows", "none"))
 
     def invalid(self, values):
@@ -76,6 +77,14 @@ class LogitsCE(Subject):
             return "sp > 1 takes backward 'once' only"
         if values.get("seq_gather", False) and (sp == 1 or values.get("reduction", "none") != "none"):
             return "seq_gather needs sp > 1 and reduction 'none' (gather_sequence_loss gathers per-token losses)"
+        if values.get("sp_chunks", "equal") == "uneven" and (sp == 1 or values.get("seq_gather", False)):
+            # DeepSpeed's gather all-gathers equal chunks and checks nothing: on gloo unequal ones abort a rank
+            # (SIGABRT, gloo::EnforceNotMet, docs/inventory.md sp_group row), which would take a pooled rank along.
+            return "sp_chunks uneven needs sp > 1 and no seq_gather (the sequence gather takes equal chunks only)"
+        if values.get("inf_rows", "none") == "masked":
+            return "inf_rows masked is ds_vocab_kl's (some ids -inf in a student and teacher pair)"
+        if values.get("targets", "valid") == "minus100" and self.ignore_index(values) == -100:
+            return "targets minus100 needs another ignore_index (-100 would be an ignored target, not a stray one)"
         return None
 
     def ignore_index(self, values) -> int:
@@ -100,9 +109,12 @@ class LogitsCE(Subject):
                                               self.ignore_index(values), values.get("inf_rows", "none"))
         if values.get("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
+        elif values.get("targets", "valid") == "minus100":
+            targets[2] = -100  # HF's ignore id, an ordinary target once another id is ignored
         # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered
         # per-token loss is the whole sequence's, so the user weights it with the whole upstream.
-        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank)
+        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank,
+                              uneven=values.get("sp_chunks", "equal") == "uneven")
         logits, targets = logits[rows], targets[rows]
         if not values.get("seq_gather", False):
             upstream = upstream[rows]

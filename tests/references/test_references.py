@@ -1,5 +1,6 @@
 """The references are independent of the subjects, and correct on their own terms."""
 import ast
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,51 @@ def test_topk_logprobs_are_log_softmax_gathered_with_ignored_ids_zero():
     (want_grad,) = torch.autograd.grad(upstream_objective(want, upstream, "none"), logits)
     torch.testing.assert_close(grad, want_grad)
     assert (grad[1] == 0).all()
+
+
+def test_shift_labels_are_scored_as_transformers_for_causal_lm_loss_scores_them():
+    # references/loss.py writes ForCausalLMLoss out (transformers must stay optional for the references).
+    transformers_loss = pytest.importorskip("transformers.loss.loss_utils")
+    from references.loss import causal_lm_loss, continued_shift_labels
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 11, (2, 6), generator=gen)
+    labels[0, 2] = labels[1, 0] = -100
+    shift = continued_shift_labels(labels)
+    assert shift[1, -1] == -100 and shift[0, -1] == labels[0, 0]
+    want = transformers_loss.ForCausalLMLoss(logits, labels, 11, shift_labels=shift)
+    torch.testing.assert_close(causal_lm_loss(logits, labels, shift_labels=shift), want.double(), rtol=1e-6, atol=1e-6)
+    # without shift_labels the two agree as before (HF pads the last position with the ignore id)
+    torch.testing.assert_close(causal_lm_loss(logits, labels), transformers_loss.ForCausalLMLoss(logits, labels, 11).double(),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_communication_is_ddps_bf16_compress_hook():
+    # The rule references/trajectory.py states, as torch writes it (the hook itself needs a process group).
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from references.trajectory import trainer_objective
+
+    assert "_compress_hook(torch.bfloat16," in inspect.getsource(default_hooks.bf16_compress_hook)
+    assert "buffer.to(dtype).div_(world_size)" in inspect.getsource(default_hooks._compress_hook)
+    spec, train = ModelSpec(vocab=11, hidden=8), TrainingSpec(steps=1, dp=2)
+    bf16_train = dataclasses.replace(train, comm_dtype=torch.bfloat16)
+    plain, compressed = train_reference(spec, train, torch.float32), train_reference(spec, bf16_train, torch.float32)
+    model = build_model(spec, train.seed, torch.float32)
+    replicas = []  # each replica's accumulated gradient, before DDP's all-reduce
+    for dp_rank in range(2):
+        model.zero_grad(set_to_none=True)
+        for batch in train.batches(0, dp_rank, spec.vocab, spec.ignore_index):
+            trainer_objective(model(**batch)[0], train, spec.reduction).backward()
+        replicas.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name in replicas[0]:
+        parts = [r[name].to(torch.bfloat16).div_(2) for r in replicas]
+        got = compressed.get("grad", 0, None, None, name)
+        assert torch.equal(got, (parts[0] + parts[1]).double())
+        assert not torch.equal(got, plain.get("grad", 0, None, None, name))  # bf16-rounded, unlike DDP's fp32 average
+    oracle = train_reference(spec, bf16_train, torch.float32, torch.float64)
+    exact = train_reference(spec, train, torch.float32, torch.float64)
+    assert all(torch.equal(v, exact.records[k]) for k, v in oracle.records.items())  # no compression in the oracle

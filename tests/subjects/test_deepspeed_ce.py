@@ -303,3 +303,55 @@ def test_sequence_chunks_on_the_wrong_sp_ranks_are_caught():
         key = ("logits_grad", 0, 0, None)
         first[key], second[key] = second[key], first[key]
     assert "logits_grad" in _failed(subject, values, obs)
+
+
+@pytest.mark.parametrize("ignore_index", [0, 3])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_ce_reference_with_another_ignore_index_is_torchs(ignore_index, reduction):
+    # The ds_vocab_ce ignidx cases: torch's F.cross_entropy(ignore_index=k), drawn targets equal to k ignored too.
+    logits, targets, upstream = ce_inputs(4321, 24, 35, "scattered", torch.float32, ignore_index)
+    assert (targets == ignore_index).sum() > 1 and not (targets == -100).any()
+    x = logits.to(F64).requires_grad_(True)
+    loss = F.cross_entropy(x, targets, ignore_index=ignore_index, reduction=reduction)
+    (loss * upstream.to(F64) if reduction == "none" else loss * SCALAR_UPSTREAM).sum().backward()
+    traj = ce_reference(4321, 24, 35, "scattered", torch.float32, F64, ignore_index, reduction=reduction)
+    torch.testing.assert_close(traj.get("loss", 0, 0, 0, None), loss.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traj.get("logits_grad", 0, 0, 0, None), x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_stray_minus100_target_needs_another_ignore_index():
+    subject = SUBJECTS["ds_vocab_ce"]
+    base = {"dtype": "fp32", "reduction": "none", "vocab": 35, "ignore": "scattered", "tp": 2, "targets": "minus100"}
+    assert subject.invalid(base)
+    assert subject.invalid({**base, "ignore_index": 3}) is None
+
+
+def test_uneven_sequence_chunks_cover_the_sequence():
+    from references.cross_entropy import sequence_chunk, sequence_chunk_sizes
+
+    assert sequence_chunk_sizes(24, 2, uneven=True) == [15, 9]
+    assert sequence_chunk_sizes(24, 3, uneven=True) == [10, 8, 6]
+    assert sequence_chunk_sizes(24, 2) == [12, 12]
+    rows = [sequence_chunk(24, 3, i, uneven=True) for i in range(3)]
+    assert [(r.start, r.stop) for r in rows] == [(0, 10), (10, 18), (18, 24)]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_mean_of_uneven_chunks_means_is_caught(weighted):
+    """Over 15 and 9 tokens a chunk-size-weighted mean of the chunks' means is a mistake too: the sequence's mean
+    weighs the chunks by their counted targets, not their tokens."""
+    from references.cross_entropy import sequence_chunk
+
+    values = {**SEQUENCE, "vocab": 35, "sp_chunks": "uneven"}
+    subject = SUBJECTS["ds_vocab_ce"]
+    assert subject.invalid(values) is None
+    logits, targets, _ = ce_inputs(4321, 24, 35, "scattered", torch.float32)
+    per_token = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    chunks = [sequence_chunk(24, 2, i, uneven=True) for i in range(2)]
+    means = [per_token[rows].sum() / (targets[rows] != -100).sum() for rows in chunks]
+    sizes = [rows.stop - rows.start for rows in chunks]
+    wrong = float(sum(m * s for m, s in zip(means, sizes)) / 24 if weighted else sum(means) / 2)
+    assert "loss" in _failed(subject, values, _observations(subject, values, lambda k, a: np.asarray(wrong)
+                                                            if k == "loss" else a))
+    assert _failed(subject, values, _observations(subject, values)) == []
+    assert subject.invalid({**values, "seq_gather": True, "reduction": "none"})

@@ -121,13 +121,15 @@ def test_ce_module_reference_takes_the_ignore_index_axis():
 def test_case_file_covers_kl_and_the_module():
     cases = load_file(CASE_FILE)
     kl = [c for c in cases if c.subject == "ds_vocab_kl"]
-    same = [c for c in kl if c["kl_shards"] == "same" and not c.expect.is_error]
+    same = [c for c in kl if c["kl_shards"] == "same" and not c.expect.is_error and c["inf_rows"] == "none"]
     assert {c["reverse"] for c in same} == {False, True}
     assert {c["dtype"] for c in same} == {"fp32", "bf16"}
     assert {c["tp"] for c in same} == {2, 3}
     assert {c["kl_grad"] for c in same} == {"student", "teacher", "both"}
     assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) > 1 for c in same)  # uneven
     assert any(len(set(shard_sizes(c["vocab"], c["tp"]))) == 1 for c in same)  # even
+    infs = [c for c in kl if c["inf_rows"] != "none"]
+    assert {c["inf_rows"] for c in infs} == {"all", "masked"} and all(c.divergence is not None for c in infs)
     other = [c for c in kl if c["kl_shards"] != "same"]
     assert {c["kl_shards"] for c in other} == {"shifted", "reversed"} and all(c.expect.is_error for c in other)
     assert all(c.divergence is not None for c in other if c["kl_shards"] == "shifted")
@@ -135,7 +137,7 @@ def test_case_file_covers_kl_and_the_module():
     assert {c["reduction"] for c in module} == {"none", "sum", "mean"}
     assert {c["backend"] for c in module} == {"torch", "liger"}
     assert {c["ignore_index"] for c in module} == {0}  # not the default: a dropped ignore_index changes the loss
-    assert len(kl) + len(module) <= 24
+    assert len(kl) + len(module) <= 28
 
 
 # -- the comparison, fed observations made from the reference (no ranks) ------------------------
@@ -172,3 +174,15 @@ def test_a_mean_over_tokens_is_caught():
     subject = SUBJECTS["ds_vocab_kl"]
     obs = _observations(subject, KL, plant=lambda k, a: a * 0 + a.mean() if k == "loss" else a)
     assert "loss" in _failed(subject, KL, obs)
+
+
+@pytest.mark.parametrize("inf_rows", ["all", "masked"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_kl_reference_with_inf_logits_is_torch_kl_div(inf_rows, reverse):
+    # nan and +inf exactly where F.kl_div(log_target=True) on log_softmax has them, the finite rest its value.
+    s, t, _ = kl_inputs(SEED, TOKENS, 35, torch.float32, inf_rows)
+    want = _torch_kl(s, t, reverse)
+    got = kl_reference(SEED, TOKENS, 35, reverse, "both", torch.float32, inf_rows=inf_rows).get("loss", 0, 0, 0, None)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=1e-6, check_dtype=False)
+    rows = {"all": [1, 2, 3], "masked": [4, 5, 6]}[inf_rows]  # nan, or +inf where only the other side masks an id
+    assert not want[rows].isfinite().any() and want[[0, 7]].isfinite().all()

@@ -69,10 +69,15 @@ def test_output_head_is_passed_as_lm_head_patterns_only_where_it_can_be():
     for head in ("lm_head", "embed_out", "model.lm_head"):
         assert "lm_head_patterns" not in subject.tensor_parallel_config(_values("vocab_parallel", head=head))[
             "partition_config"]
-    assert [n for n, s in SUBJECTS.items() if "head" in s.axes and s.axes["head"] is None] == ["vocab_parallel"]
-    # A subject that offers the head "output" passes it as lm_head_patterns too (the universal-checkpoint
-    # vocab-parallel subject builds vocab_parallel's head config).
-    offered = [n for n, s in SUBJECTS.items() if "head" in s.axes and s.axes["head"] and "output" in s.axes["head"]]
+    # Named, not the whole axis: heuristic_blocks' block head (layers.1.lm_head) is no head of this model.
+    assert SUBJECTS["vocab_parallel"].axes["head"] == (*NAMED_HEADS, "output")
+    assert [n for n, s in SUBJECTS.items() if "head" in s.axes and s.axes["head"] is None] == []
+    # A subject that offers the head "output" as its vocabulary-parallel head passes it as lm_head_patterns too (the
+    # universal-checkpoint vocab-parallel subject builds vocab_parallel's head config); tied_column_gathered and
+    # tied_plan_head name it by a spec or a plan and claim it replicated.
+    offered = [n for n, s in SUBJECTS.items() if "head" in s.axes and s.axes["head"] and "output" in s.axes["head"]
+               and SUBJECTS[n].claims(_values(n, head="output")).module_types["output"] == "VocabParallelLinear"]
+    assert {"vocab_parallel", "uc_vocab_parallel"} <= set(offered)
     for name in offered:
         assert SUBJECTS[name].tensor_parallel_config(_values(name, head="output"))["partition_config"][
             "lm_head_patterns"] == ["output"], name

@@ -81,3 +81,29 @@ def test_tiny_llama_model_has_what_the_heuristic_parser_needs():
     assert re.match(r"(.*?)Model", str(model))  # AutoTP.supported's last resort: the repr's first class name
     assert isinstance(model.layers, torch.nn.ModuleList) and len(model.layers) == 2
     assert type(build_model(ModelSpec(vocab=35, hidden=32), 0, torch.float32)).__name__ == "TinyCausalLM"
+
+
+def test_block_head_is_registered_in_the_block_and_claimed_gathered_on_the_heuristic_path():
+    spec = ModelSpec(vocab=35, hidden=32, blocks=BLOCKS)
+    plain, in_block = (build_model(spec.__class__(**{**spec.__dict__, "head_name": name}), 7, torch.float32)
+                       for name in ("lm_head", "layers.1.lm_head"))
+    assert not hasattr(in_block, "lm_head") and isinstance(in_block.layers[1].lm_head, torch.nn.Linear)
+    # The same weights and the same function wherever the head is registered: the reference differs in no number.
+    plain_state = plain.state_dict()
+    assert all(torch.equal(t, plain_state[k.replace("layers.1.lm_head", "lm_head")])
+               for k, t in in_block.state_dict().items())
+    ids = torch.randint(0, 35, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(plain(ids)[1], in_block(ids)[1])
+    subject = SUBJECTS["heuristic_blocks"]
+    cases = [c for c in HEADS if c.subject == "heuristic_blocks" and c["head"] == "layers.1.lm_head"]
+    assert {c["vocab_parallel_lm_head"] for c in cases} == {"true", "false"}
+    for case in cases:
+        claims = subject.claims(case.values)
+        if case["vocab_parallel_lm_head"] == "false":
+            assert claims.module_types["layers.1.lm_head"] == "LinearLayer"
+            assert not case.divergence or "zero0_low_precision_grad_dtype" in case.divergence.repro
+            assert claims.param_shards["layers.1.lm_head.weight"] == 0
+        else:  # claimed as asked; DeepSpeed raises after sharding (the crash divergence)
+            assert claims.module_types["layers.1.lm_head"] == "VocabParallelLinear"
+            assert case.divergence.raises.startswith("RuntimeError: ")
+    assert "layers.1.lm_head" not in SUBJECTS["preset_llama"].axes["head"]

@@ -136,7 +136,8 @@ def test_tied_case_file_covers_the_brief():
     # the upper end a size guard for CI time; 180 since the save axis (10 cases of about 2 s), the kv-head and
     # model_init entries and the bf16 switches (about 20 cases of 1-3 s)
     assert 60 <= len(cases) <= 180
-    assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding"}
+    assert {c.subject for c in cases} == {"tied_row_parallel", "tied_vocab_parallel", "vocab_parallel_embedding",
+                                          "tied_column_gathered"}
     for name in ("tied_row_parallel", "tied_vocab_parallel"):
         mine = [c.values for c in cases if c.subject == name]
         assert {"fp32", "bf16"} <= {v["dtype"] for v in mine}
@@ -148,6 +149,45 @@ def test_tied_case_file_covers_the_brief():
     assert {32, 35} <= {v["hidden"] for v in row}
     vocab = [c.values for c in cases if c.subject == "tied_vocab_parallel"]
     assert {34, 35} <= {v["vocab"] for v in vocab}
+
+
+def test_tied_column_gathered_claims_both_replicated_and_still_tied():
+    # AutoTP's tie fallback (auto_tp.py:808-864): a gathered column spec on a tied head shards nothing.
+    cases = [c for c in load_file(TIED_FILE) if c.subject == "tied_column_gathered"]
+    assert {2, 3} <= {c["tp"] for c in cases} and {0, 2} <= {c["zero"] for c in cases}
+    assert {"lm_head", "model.lm_head", "output"} <= {c["head"] for c in cases}
+    assert {"none", "row", "column"} <= {c["embed_spec"] for c in cases}
+    assert all(not c.expect.is_error and dict(c.collectives) == {"all_reduce": 0, "all_gather_into_tensor": 0}
+               for c in cases)
+    subject = SUBJECTS["tied_column_gathered"]
+    for case in cases:
+        head, claims = case["head"], subject.claims(case.values)
+        assert claims.module_types[head] == "Linear" and claims.module_types["embed_tokens"] == "Embedding"
+        assert set(claims.param_shards.values()) == {None}
+        assert claims.shared_params == ((f"{head}.weight", "embed_tokens.weight"),)
+        specs = subject.tensor_parallel_config(case.values)["partition_config"]["layer_specs"]
+        assert {"partition_type": "column", "gather_output": True}.items() <= specs[-1].items()
+        assert subject.model_spec(case.values).tied
+
+
+def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
+    # engine.py:1116-1125: vocab_parallel_lm_head unset turns the vocabulary-parallel head on for a tied lm_head /
+    # embed_out only; any other name (or false) gets the gathered-column tie fallback.
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.subject == "tied_plan_head"]
+    assert {(c["head"], c["vocab_parallel_lm_head"]) for c in cases} == {
+        ("output", "unset"), ("output", "false"), ("lm_head", "unset"), ("lm_head", "false")}
+    subject = SUBJECTS["tied_plan_head"]
+    for case in cases:
+        head, claims = case["head"], subject.claims(case.values)
+        auto = head == "lm_head" and case["vocab_parallel_lm_head"] == "unset"
+        assert claims.module_types[head] == ("VocabParallelLinear" if auto else "Linear"), case.id
+        assert claims.param_shards["embed_tokens.weight"] == (0 if auto else None), case.id
+        assert claims.shared_params == ((f"{head}.weight", "embed_tokens.weight"),)
+        config = subject.tensor_parallel_config(case.values)
+        assert "partition_config" not in config  # any partition_config takes the engine off the plan
+        assert config.get("vocab_parallel_lm_head") is (None if case["vocab_parallel_lm_head"] == "unset" else False)
+    model = subject.build(cases[0].values, torch.float32)
+    assert model._tp_plan == {"embed_tokens": "embedding_rowwise", cases[0]["head"]: "colwise_gather_output"}
 
 
 @pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
