@@ -509,9 +509,10 @@ class EngineHead(Subject):
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
             found["optimizer"] = "BF16_Optimizer"
-        elif values.get("zero", 0) in (1, 2) and autocast != "off":
+        elif values.get("zero", 0) in (1, 2, 3) and autocast != "off":
             # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
             # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
+            # ZeRO 3 builds its buckets from the same marks (stage3.py get_all_comm_dtypes) as ZeRO 1/2.
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
         elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") == "comm_fp32":
             found["zero_reduce_dtypes"] = ["torch.float32"]  # what communication_data_type asks for

@@ -70,7 +70,8 @@ def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks()
         for process in ("fresh", "after_autocast"):
             values = {**base, "zero": zero, "dp_reduce": "comm_fp32", "process": process}
             assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float32"]
-        # torch_autocast's marks: proj's bucket in bf16, the rest in fp32.
+    # torch_autocast's marks: proj's bucket in bf16, the rest in fp32; ZeRO 3 builds its buckets from the same marks.
+    for zero in (1, 2, 3):
         on = {**base, "dtype": "fp32", "zero": zero, "autocast": "bf16"}
         assert subject.decided(on)["zero_reduce_dtypes"] == ["torch.bfloat16", "torch.float32"]
     # No bucket to speak of without ZeRO, and no claim on the defaults.
