@@ -35,6 +35,8 @@ SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, 
                "loss_scale": None}
 # The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
 AUTOCAST_CONFIG = {"bf16": "bfloat16"}
+# torch_autocast.lower_precision_safe_modules: on the three heads whose AutoTP class a user can name.
+AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"}}
@@ -195,6 +197,9 @@ def rank_decisions(engine, head) -> dict:
              "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None)),
              # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
              "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None,
+             # The dtype torch_autocast marked the head's weight to be reduced in (its comm_dtype; None: unmarked, the
+             # weight's own dtype): what lower_precision_safe_modules reached, read after AutoTP replaced the head.
+             "head_comm_dtype": str(getattr(getattr(head, "weight", None), "comm_dtype", None)),
              # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
              # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
              "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
@@ -484,7 +489,8 @@ class EngineHead(Subject):
         if values.get("grad_accum", "model") == "fp32":
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
         if values.get("autocast", "off") != "off":
-            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]]}
+            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]],
+                                     **self.lower_precision_safe_modules(values)}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
@@ -497,12 +503,27 @@ class EngineHead(Subject):
             cfg["fp16"] = loss_scaling.fp16_section(values)
         return cfg
 
+    def lower_precision_safe_modules(self, values: dict) -> dict:
+        """autocast_modules = head: the list a user writes to have the head's gradient reduced in the autocast dtype
+        too: nn.Linear (DeepSpeed's default, kept for proj) and the class AutoTP makes of the head (by its full
+        name, as the option takes it), which is the class this subject claims for it."""
+        if values.get("autocast_modules", "default") == "default":
+            return {}
+        head_class = self.claims(values).module_types[values.get("head", "lm_head")]
+        return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
+                                                 f"deepspeed.module_inject.layers.{head_class}"]}
+
     clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
         autocast = values.get("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
+        if autocast != "off":
+            # The head is marked only where the case names its AutoTP class: DeepSpeed marks by exact class after
+            # AutoTP's replacement, so the default list's nn.Linear no longer covers it (by design: README's notes).
+            named = values.get("autocast_modules", "default") == "head"
+            found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
@@ -552,6 +573,8 @@ class EngineHead(Subject):
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
+        if values.get("autocast_modules", "default") != "default" and values.get("autocast", "off") == "off":
+            return "autocast_modules sets torch_autocast.lower_precision_safe_modules, which needs autocast on"
         return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
@@ -738,7 +761,7 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": None, "process": None, "use_default_specs": None, "grad_allreduce": None,
-            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None}
+            "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, **AUTOCAST_MODULES_AXES}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -767,7 +790,8 @@ class VocabParallelHead(EngineHead):
     # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
     # reads the head counts from (tp_shard.AutoTPMeta).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": None, "ignore_index": None,
-            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None}
+            "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_config": None, "model_init": None,
+            **AUTOCAST_MODULES_AXES}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

@@ -77,3 +77,30 @@ def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks()
     # No bucket to speak of without ZeRO, and no claim on the defaults.
     assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 0, "dp_reduce": "comm_fp32"})
     assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 2})
+
+
+def test_autocast_modules_names_the_head_class_the_subject_claims_and_the_decision_follows():
+    from parity.matrix.axes import AXES
+    from parity.subjects import SUBJECTS
+    from references.trajectory import TrainingSpec
+
+    assert AXES["autocast_modules"].quiet_default and AXES["autocast_modules"].default == "default"
+    base = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": False, "head": "lm_head",
+            "ignore": "scattered", "zero": 2, "gas": 2, "tp": 2, "dp": 2, "device": "cpu", "backend": "torch",
+            "autocast": "bf16"}
+    for name, head_class in (("vocab_parallel", "VocabParallelLinear"), ("column_gathered", "LinearLayer"),
+                             ("row_parallel", "LinearAllreduceWithReplicatedInput")):
+        subject = SUBJECTS[name]
+        named = {**base, "autocast_modules": "head"}
+        section = subject.ds_config(named, TrainingSpec())["torch_autocast"]
+        # The class by the full name DeepSpeed imports it by, and nn.Linear kept for the replicated proj.
+        assert section["lower_precision_safe_modules"] == ["torch.nn.modules.linear.Linear",
+                                                           f"deepspeed.module_inject.layers.{head_class}"]
+        assert subject.claims(named).module_types["lm_head"] == head_class
+        assert subject.decided(named)["head_comm_dtype"] == "torch.bfloat16"
+        # DeepSpeed's default list: the head (no longer an nn.Linear) is unmarked; the section names no list.
+        assert "lower_precision_safe_modules" not in subject.ds_config(base, TrainingSpec())["torch_autocast"]
+        assert subject.decided(base)["head_comm_dtype"] == "None"
+        assert subject.invalid({**named, "autocast": "off"}) is not None
+        assert subject.invalid(named) is None
+    assert "autocast_modules" not in SUBJECTS["tied_vocab_parallel"].axes
