@@ -240,3 +240,20 @@ def test_topk_logprobs_are_log_softmax_gathered_with_ignored_ids_zero():
     (want_grad,) = torch.autograd.grad(upstream_objective(want, upstream, "none"), logits)
     torch.testing.assert_close(grad, want_grad)
     assert (grad[1] == 0).all()
+
+
+def test_fused_linear_ce_autocast_reference_is_plain_autocast_with_bf16_gradient_floors():
+    from references.cross_entropy import linear_ce_reference
+
+    args = (4321, 40, 35, 16, True, "scattered", torch.float32)
+    plain = linear_ce_reference(*args, reduction="mean")
+    amp = linear_ce_reference(*args, reduction="mean", autocast=torch.bfloat16)
+    oracle = linear_ce_reference(*args, torch.float64, reduction="mean", autocast=torch.bfloat16)
+    # float32 records, bf16 arithmetic: the loss moves by about bf16's rounding of the logits, not float32's.
+    assert amp.layouts[("loss", 0, 0, 0, None)][0] == "float32"
+    assert amp.layouts[("weight_grad", 0, 0, 0, None)][0] == "float32"
+    shift = abs(float(amp.get("loss", 0, 0, 0, None)) - float(plain.get("loss", 0, 0, 0, None)))
+    assert 1e-6 < shift < 1e-2
+    assert amp.floor_dtypes["weight_grad"] == torch.bfloat16 and "loss" in amp.floor_dtypes
+    # The oracle takes no autocast.
+    assert "weight_grad" not in oracle.floor_dtypes
