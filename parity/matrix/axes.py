@@ -150,10 +150,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
-    Axis("autocast", ("off", "bf16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
-         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16) on an fp32 "
-              "model; the reference is the user's plain AMP loop, the forward under torch.autocast "
-              "(references/trajectory.py). ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
+    Axis("autocast", ("off", "bf16", "fp16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16 or float16) on an "
+              "fp32 model; the reference is the user's plain AMP loop, the forward under torch.autocast, with fp16 "
+              "torch.amp.GradScaler at its defaults as DeepSpeed builds it (references/trajectory.py). ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
               "inputs, against plain autocast's linear + CE (references/cross_entropy.py)"),
     Axis("autocast_modules", ("default", "head"), "default", lambda v: f"acmods_{v}", quiet_default=True,
          help="DeepSpeed engine subjects with autocast on: torch_autocast.lower_precision_safe_modules, the module "

@@ -34,7 +34,7 @@ COMMON_AXES = {
 SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None,
                "loss_scale": None}
 # The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
-AUTOCAST_CONFIG = {"bf16": "bfloat16"}
+AUTOCAST_CONFIG = {"bf16": "bfloat16", "fp16": "float16"}
 # torch_autocast.lower_precision_safe_modules: on the three heads whose AutoTP class a user can name.
 AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
@@ -570,6 +570,8 @@ class EngineHead(Subject):
         spec = super().training_spec(values)
         if loss_scaling.grad_scaler(values) is not None:
             spec = dataclasses.replace(spec, loss_scale=loss_scaling.grad_scaler(values))
+        if loss_scaling.autocast_grad_scaler(values) is not None:
+            spec = dataclasses.replace(spec, loss_scale=loss_scaling.autocast_grad_scaler(values))
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
@@ -701,9 +703,12 @@ class EngineHead(Subject):
                 # user's (its step unscales them); the records divide it back out (a power of two: exact), and
                 # each step's scale and skip decision go to rank_decisions.
                 scaled = loss_scaling.setting(values) is not None
+                # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
+                amp_scaler = loss_scaling.autocast_scaler(engine) if values.get("autocast") == "fp16" else None
                 scales, skipped = [], []
                 for step in range(train.steps):
-                    scale = loss_scaling.current_scale(engine) if scaled else 1.0
+                    scale = (loss_scaling.current_scale(engine) if scaled else
+                             float(amp_scaler.get_scale()) if amp_scaler is not None else 1.0)
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
                     num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
@@ -738,6 +743,13 @@ class EngineHead(Subject):
                         scales.append(scale)
                         if loss_scaling.step_overflowed(engine):
                             skipped.append(step)
+                    elif amp_scaler is not None:
+                        # GradScaler keeps no skip flag past update(); it backs off (halves) on exactly the steps
+                        # whose step() it skipped for an inf or nan, and grows only every 2000 clean steps. ZeRO's
+                        # optimizer may skip a step before its GradScaler sees it (its own overflow flag).
+                        scales.append(scale)
+                        if float(amp_scaler.get_scale()) < scale or loss_scaling.step_overflowed(engine):
+                            skipped.append(step)
                     if train.clip > 0 and reports_grad_norm(values):
                         norm = engine.get_global_grad_norm()
                         obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
@@ -747,6 +759,8 @@ class EngineHead(Subject):
                 if scaled:
                     obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped,
                                                        skipped_steps=int(engine.skipped_steps))
+                elif amp_scaler is not None:
+                    obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped)
                 obs.facts["loss_backend"] = backends
                 obs.facts["collectives"] = comm
                 if values.get("save", "none") != "none":

@@ -104,3 +104,26 @@ def test_autocast_modules_names_the_head_class_the_subject_claims_and_the_decisi
         assert subject.invalid({**named, "autocast": "off"}) is not None
         assert subject.invalid(named) is None
     assert "autocast_modules" not in SUBJECTS["tied_vocab_parallel"].axes
+
+
+def test_fp16_autocast_configures_float16_and_the_user_loop_scales_as_deepspeed_s_grad_scaler():
+    from parity.subjects import SUBJECTS
+    from parity.subjects.loss_scaling import AUTOCAST_FP16_SCALING
+
+    subject = SUBJECTS["column_gathered"]
+    values = {"dtype": "fp32", "reduction": "sum", "vocab": 35, "hidden": 32, "bias": False, "head": "lm_head",
+              "ignore": "scattered", "zero": 1, "gas": 1, "tp": 2, "dp": 1, "device": "cpu", "autocast": "fp16"}
+    train = subject.training_spec(values)
+    assert subject.ds_config(values, train)["torch_autocast"] == {"enabled": True, "dtype": "float16"}
+    # torch.amp.GradScaler's defaults, which DeepSpeed builds and the config cannot change.
+    assert train.loss_scale == AUTOCAST_FP16_SCALING and AUTOCAST_FP16_SCALING.init_scale == 2.0 ** 16
+    assert subject.training_spec({**values, "autocast": "bf16"}).loss_scale is None
+    assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float16", "torch.float32"]
+    # The point the overflow cases use: torch's AMP loop skips step 0 there, and the oracle follows it.
+    import torch
+
+    amp = subject.reference(values)
+    oracle = subject.reference(values, torch.float64)
+    skipped = {k[1] for k, v in amp.records.items() if k[0] == "step_skipped" and float(v) == 1.0}
+    assert skipped == {0}
+    assert {k[1] for k, v in oracle.records.items() if k[0] == "step_skipped" and float(v) == 1.0} == skipped
