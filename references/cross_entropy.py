@@ -8,6 +8,8 @@ as torch's F.cross_entropy does: an all-ignored batch gives 0/0 = nan (with a ze
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from references.loss import token_entropies, token_logprobs, token_losses
@@ -193,20 +195,30 @@ def linear_ce_inputs(seed: int, tokens: int, vocab: int, hidden: int, bias: bool
 
 def linear_ce_reference(seed: int, tokens: int, vocab: int, hidden: int, bias: bool, ignore: str,
                         case_dtype: torch.dtype, compute_dtype: torch.dtype | None = None, ignore_index: int = -100,
-                        reduction: str = "mean", sequence_parts: int = 1) -> Trajectory:
+                        reduction: str = "mean", sequence_parts: int = 1,
+                        autocast: torch.dtype | None = None) -> Trajectory:
     """CE of ``hidden @ weight.T + bias``: the product at the compute dtype (rounded there, like an
     unfused head), then the softmax in float32 (float64 for the oracle). sequence_parts: per-token records
-    split into chunks of rows as in ce_reference; the head's gradients whole (the full sequence's)."""
+    split into chunks of rows as in ce_reference; the head's gradients whole (the full sequence's).
+    ``autocast``: the user's AMP forward, linear and CE under ``torch.autocast("cpu", dtype=autocast)`` on
+    the (float32) inputs, backward outside it: the product in the autocast dtype, its gradients computed
+    there and returned in float32. The float64 oracle takes no autocast."""
     h, w, b, targets, upstream = linear_ce_inputs(seed, tokens, vocab, hidden, bias, ignore, case_dtype,
                                                   ignore_index)
     dtype = compute_dtype or case_dtype
+    if dtype == torch.float64:
+        autocast = None
     x = h.to(dtype).requires_grad_(True)
     weight = w.to(dtype).requires_grad_(True)
     b_ = None if b is None else b.to(dtype).requires_grad_(True)
-    logits = x @ weight.t() if b_ is None else torch.addmm(b_, x, weight.t())
-    loss = reduce_losses(token_losses(logits, targets, ignore_index), targets, reduction, ignore_index)
+    with (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()):
+        logits = x @ weight.t() if b_ is None else torch.addmm(b_, x, weight.t())
+        loss = reduce_losses(token_losses(logits, targets, ignore_index), targets, reduction, ignore_index)
     upstream_objective(loss, upstream, reduction).backward()
     traj = Trajectory()
+    if autocast is not None:
+        # Float32 values every one of which came out of a GEMM in the autocast dtype: that is their floor.
+        traj.floor_dtypes.update(dict.fromkeys(("hidden_grad", "weight_grad", "bias_grad"), autocast))
     # The loss is float32 (token_losses upcasts). Its one low-precision step is the logits' rounding,
     # each logit a dot product over the hidden size rounded once, wherever a run splits the vocabulary
     # or chunks the tokens: an independent per-element error that the reference's own error (and, on a

@@ -32,7 +32,8 @@ PyTorch DDP / the Hugging Face Trainer without tensor parallelism (transformers 
   below 1, norm being the global L2 norm of the full (unsharded) step gradient, each parameter
   counted once: torch.nn.utils.clip_grad_norm_'s rule. The recorded "grad" is the gradient before
   clipping; "grad_norm" is that norm.
-- With ``loss_scale`` (a bf16/fp16 model): torch.amp.GradScaler's dynamic loss scaling
+- With ``loss_scale`` (a bf16/fp16 model, or an fp32 model under an fp16 ``autocast``, GradScaler at its
+  defaults as a user's fp16 AMP loop has it): torch.amp.GradScaler's dynamic loss scaling
   (references/grad_scaler.py, where the rule and its source are): the objective is multiplied by the
   scale before backward, a step any of whose gradients (on any replica) is inf or nan is skipped (its
   weights and masters stay as they were) and the scale follows GradScaler's update. The records hold
@@ -144,6 +145,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     (default: the case dtype). float64 gives the oracle: same start, no rounding after it, no autocast.
     ``autocast``: the forward under torch.autocast at that dtype (module docstring)."""
     dtype = compute_dtype or case_dtype
+    requested_autocast = autocast  # what the oracle's skips are read from
     if dtype == torch.float64:
         autocast = None
     model = build_model(model_spec, train.seed, case_dtype).to(dtype)
@@ -164,10 +166,11 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     captured = {}
     capture_head_input_and_grad(model, captured)
 
-    scaler = ScalerState(train.loss_scale) if train.loss_scale is not None and low_precision else None
+    scaled = train.loss_scale is not None and (low_precision or autocast is not None)
+    scaler = ScalerState(train.loss_scale) if scaled else None
     # float64 cannot overflow where fp16 does: the oracle skips what the case-dtype run skipped.
-    skips = (oracle_skips(model_spec, train, case_dtype, autocast) if train.loss_scale is not None and not low_precision
-             else None)
+    skips = (oracle_skips(model_spec, train, case_dtype, requested_autocast)
+             if train.loss_scale is not None and scaler is None else None)
     for step in range(train.steps):
         scale = scaler.scale if scaler is not None else 1.0
         found_inf = False

@@ -15,10 +15,14 @@ half-converted model without a word. Three refusals show it:
   but the engine builds it after AutoTP sharded the model, so the head is already vocabulary-parallel;
   and the refused engine has already registered its forward pre-hook on the model, so the user's next
   forward raises AttributeError ('DeepSpeedEngine' object has no attribute 'engine_timers') from an
-  engine that does not exist for the user.
+  engine that does not exist for the user;
+- `torch_autocast` settings init_autocast_params refuses (engine.py:670, after AutoTP's replacement at :596): a
+  `lower_precision_safe_modules` entry that does not import (the head's class misspelt: "Failed to import lower
+  precision safe module"), and autocast with ZeRO 3's `zero_quantized_weights` ("Cannot enable both torch autocast
+  and zero quantized weights"): the head is already vocabulary-parallel, the engine's forward hooks are on it.
 Plain PyTorch/HF: a constructor that raises leaves its argument as it was.
 
-Run (CPU, 2 processes over gloo, about 40 s):
+Run (CPU, 2 processes over gloo, about 60 s):
 python ci/repro/deepspeed_rejected_initialize_converts_model.py
 Exit status 1 while a refused initialize modifies the model, 0 once the model is left untouched.
 """
@@ -72,6 +76,14 @@ REFUSALS["liger backend without a vocab-parallel head"][1]["tensor_parallel"]["p
 REFUSALS["ZeRO 2 with prescale_gradients"] = (TinyLM, {
     **config({"vocab_parallel_lm_head": True}),
     "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "prescale_gradients": True})
+AUTOCAST = {"enabled": True, "dtype": "bfloat16"}
+REFUSALS["torch_autocast lower_precision_safe_modules naming a misspelt class"] = (TinyLM, {
+    **config({"vocab_parallel_lm_head": True}),
+    "torch_autocast": {**AUTOCAST, "lower_precision_safe_modules": [
+        "torch.nn.modules.linear.Linear", "deepspeed.module_inject.layers.VocabParallelLinaer"]}})
+REFUSALS["torch_autocast with ZeRO 3 zero_quantized_weights"] = (TinyLM, {
+    **config({"vocab_parallel_lm_head": True}), "torch_autocast": AUTOCAST,
+    "zero_optimization": {"stage": 3, "zero_quantized_weights": True}, "zero_allow_untested_optimizer": True})
 
 
 def rank_main(rank, result):

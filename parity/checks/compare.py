@@ -254,6 +254,10 @@ class Comparison:
                          len(ran) == self.train.steps * self.train.micro_batches, rank=rank,
                          detail=f"expected one '{self.claims.loss_backend}' CE call per micro-batch; "
                                 f"{len(ran)} micro-batches seen, unexpected: {dict(list(wrong.items())[:3])}")
+            if self.claims.gemm_dtype is not None:
+                ran = o.facts.get("gemm_dtypes")
+                self.add("gemm_dtype", ran == [self.claims.gemm_dtype], rank=rank,
+                         detail=f"expected every matrix product in {self.claims.gemm_dtype}; ran: {ran}")
             if self.claims.collective_path is not None:
                 ran = o.facts.get("collective_path")
                 self.add("collective_path", ran == [self.claims.collective_path], rank=rank,

@@ -55,6 +55,8 @@ HELD_AXES = {
                      "and an empty shard by the case files"),
     "autocast": ("off", "torch_autocast is a fixed scenario on fp32 models (cases/deepspeed_heads.toml): with a bias "
                         "its TP heads return fp32 logits at every point, a documented divergence"),
+    "autocast_modules": ("default", "lower_precision_safe_modules acts only with autocast on, which the search holds "
+                                    "off (above); naming the head's class is a fixed scenario (cases/deepspeed_autocast.toml)"),
     "allreduce": ("torch", "the shm all-reduce is a fixed scenario (cases/deepspeed_inference.toml): its op is JIT-built "
                            "once per machine and set up once per rank process, which a search over sizes would not vary"),
     "reach": ("model_types_config", "a head spec that matches nothing (anchored, or model_types on a model without "

@@ -46,7 +46,7 @@ REJECTIONS = (
     "vocab_two_heads", "vocab_nested_heads", "heuristic_two_heads", "hf_plan_two_heads",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",
-    "compile_autotp_eager_column", "compile_autotp_row_head",
+    "compile_autotp_eager_column", "compile_autotp_row_head", "autocast_unknown_module", "autocast_zero_quantized_weights",
     "ce_bad_reduction", "ce_bad_backend", "ce_uneven_no_bounds", "ce_start_without_end", "ce_target_out_of_range",
     "ce_empty_shard", "ce_overlapping_bounds",
     "fused_bad_reduction", "fused_size_zero", "fused_start_without_end", "fused_target_out_of_range",
@@ -159,10 +159,16 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("grad_accum", ("model", "fp32"), "model", lambda v: f"gacc_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: data_types.grad_accum_dtype. model: the model dtype (DeepSpeed's "
               "default); fp32: float32 accumulation, which with bf16 and ZeRO 1 selects DeepSpeed's BF16_Optimizer"),
-    Axis("autocast", ("off", "bf16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
-         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16) on an fp32 "
-              "model; the reference is the user's plain AMP loop, the forward under torch.autocast "
-              "(references/trajectory.py)"),
+    Axis("autocast", ("off", "bf16", "fp16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16 or float16) on an "
+              "fp32 model; the reference is the user's plain AMP loop, the forward under torch.autocast, with fp16 "
+              "torch.amp.GradScaler at its defaults as DeepSpeed builds it (references/trajectory.py). ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
+              "inputs, against plain autocast's linear + CE (references/cross_entropy.py)"),
+    Axis("autocast_modules", ("default", "head"), "default", lambda v: f"acmods_{v}", quiet_default=True,
+         help="DeepSpeed engine subjects with autocast on: torch_autocast.lower_precision_safe_modules, the module "
+              "classes whose parameters ZeRO reduces (and ZeRO 3 gathers) in the autocast dtype. default: left out "
+              "(DeepSpeed's list: nn.Linear, Conv1d/2d/3d); head: nn.Linear and the AutoTP class the head becomes "
+              "(column_gathered, vocab_parallel, row_parallel)"),
     Axis("reverse", (False, True), False, _flag("kl_rev", "kl_fwd"),
          help="ds_vocab_kl: vocab_parallel_kl_div's reverse argument: False, KL(teacher || student); True, "
               "KL(student || teacher)"),

@@ -933,6 +933,15 @@ def _inference_head_offset_zero():
     return _swap(layers.LmHeadLinearAllreduce, "forward", forward)
 
 
+def _fused_ce_ignores_autocast():
+    from deepspeed.sequence import linear_cross_entropy
+
+    def _autocast_dtype(device_type):
+        return None  # planted: upstream returns torch.get_autocast_dtype(device_type) while autocast is on
+
+    return _swap(linear_cross_entropy, "_autocast_dtype", _autocast_dtype)
+
+
 def _autotp_accepts_empty_vocab_shard():
     from deepspeed.module_inject import auto_tp
 
@@ -1391,6 +1400,12 @@ MUTANTS = [
            "saved for backward) in the input dtype instead of fp32: a bf16/fp16 per-token loss",
            "deepspeed.sequence.linear_cross_entropy._VocabParallelLinearCrossEntropy.forward",
            "contract[loss] (reduction none)", (FUSED_CE,), _fused_forward_mutant(stats_in_input_dtype=True)),
+    Mutant("fused_ce_ignores_autocast",
+           "vocab_parallel_linear_cross_entropy ignores the active autocast dtype (_autocast_dtype answers None): "
+           "inside a user's torch.autocast its GEMMs run in float32 on float32 inputs, numbers within bf16's bounds",
+           "deepspeed.sequence.linear_cross_entropy._autocast_dtype", "gemm_dtype (autocast cases)", (FUSED_CE,),
+           _fused_ce_ignores_autocast,
+           cases=("ds_fused_linear_ce-fp32-mean-v35-nobias-chunk5-ign_scattered-tp2-cpu-autocast_bf16",)),
     Mutant("unfused_master_in_model_dtype",
            "FP16_UnfusedOptimizer.step (ZeRO 0, bf16/fp16) rounds its fp32 master weights to the model dtype after "
            "every update: small updates round away as in a pure-bf16 optimizer",

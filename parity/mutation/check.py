@@ -103,6 +103,8 @@ SELECTION = {
         "ds_fused_linear_ce-bf16-mean-v35-nobias-chunk5-ign_scattered-tp2-cpu",
         "ds_fused_linear_ce-bf16-none-v35-bias-chunk5-ign_scattered-tp2-cpu",  # per-token losses as handed back
         "ds_fused_linear_ce-fp32-mean-v36-bias-ign_scattered-tp2-sp2-cpu",  # TP x SP (world 4): the SP reductions
+        # inside the user's torch.autocast (bf16): the GEMMs' precision (gemm_dtype)
+        "ds_fused_linear_ce-fp32-mean-v35-nobias-chunk5-ign_scattered-tp2-cpu-autocast_bf16",
     ],
     catalog.LIGER_CE: [
         "liger_vocab_ce-fp32-v32-ign_scattered-tp2-cpu",

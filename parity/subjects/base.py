@@ -48,6 +48,9 @@ class Claims:
     # The implementation that must carry the head's one collective per forward on every rank (e.g. DeepSpeed's
     # inference_all_reduce: "shm" or "torch.distributed.all_reduce"); a subject records facts["collective_path"].
     collective_path: str | None = None
+    # The precision every matrix product of the call must take its operands in (a subject records facts["gemm_dtypes"],
+    # parity/observe/gemm_dtypes.py); None: not claimed.
+    gemm_dtype: str | None = None
     reports_grad_norm: bool = False  # the subject exposes the global norm it clipped with
     # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
     # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].

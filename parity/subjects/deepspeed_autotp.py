@@ -34,7 +34,9 @@ COMMON_AXES = {
 SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None,
                "loss_scale": None}
 # The torch_autocast dtype each autocast value configures (DeepSpeed's config spelling).
-AUTOCAST_CONFIG = {"bf16": "bfloat16"}
+AUTOCAST_CONFIG = {"bf16": "bfloat16", "fp16": "float16"}
+# torch_autocast.lower_precision_safe_modules: on the three heads whose AutoTP class a user can name.
+AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
@@ -196,6 +198,9 @@ def rank_decisions(engine, head) -> dict:
              "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None)),
              # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
              "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None,
+             # The dtype torch_autocast marked the head's weight to be reduced in (its comm_dtype; None: unmarked, the
+             # weight's own dtype): what lower_precision_safe_modules reached, read after AutoTP replaced the head.
+             "head_comm_dtype": str(getattr(getattr(head, "weight", None), "comm_dtype", None)),
              # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
              # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
              "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
@@ -488,7 +493,8 @@ class EngineHead(Subject):
         if values.get("grad_accum", "model") == "fp32":
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
         if values.get("autocast", "off") != "off":
-            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]]}
+            cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]],
+                                     **self.lower_precision_safe_modules(values)}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
@@ -501,21 +507,37 @@ class EngineHead(Subject):
             cfg["fp16"] = loss_scaling.fp16_section(values)
         return cfg
 
+    def lower_precision_safe_modules(self, values: dict) -> dict:
+        """autocast_modules = head: the list a user writes to have the head's gradient reduced in the autocast dtype
+        too: nn.Linear (DeepSpeed's default, kept for proj) and the class AutoTP makes of the head (by its full
+        name, as the option takes it), which is the class this subject claims for it."""
+        if values.get("autocast_modules", "default") == "default":
+            return {}
+        head_class = self.claims(values).module_types[values.get("head", "lm_head")]
+        return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
+                                                 f"deepspeed.module_inject.layers.{head_class}"]}
+
     clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
         autocast = values.get("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
+        if autocast != "off":
+            # The head is marked only where the case names its AutoTP class: DeepSpeed marks by exact class after
+            # AutoTP's replacement, so the default list's nn.Linear no longer covers it (by design: README's notes).
+            named = values.get("autocast_modules", "default") == "head"
+            found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
             found["optimizer"] = "BF16_Optimizer"
-        elif values.get("zero", 0) in (1, 2) and autocast != "off":
+        elif values.get("zero", 0) in (1, 2, 3) and autocast != "off":
             # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
             # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
+            # ZeRO 3 builds its buckets from the same marks (stage3.py get_all_comm_dtypes) as ZeRO 1/2.
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
         elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") in ("comm_fp32", "comm_bf16"):
             # what communication_data_type asks for
@@ -558,6 +580,8 @@ class EngineHead(Subject):
         if values.get("dp_reduce") == "comm_bf16":
             # A user who asks for bf16 gradient communication in plain PyTorch: DDP with bf16_compress_hook.
             spec = dataclasses.replace(spec, comm_dtype=torch.bfloat16)
+        if loss_scaling.autocast_grad_scaler(values) is not None:
+            spec = dataclasses.replace(spec, loss_scale=loss_scaling.autocast_grad_scaler(values))
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
@@ -568,6 +592,8 @@ class EngineHead(Subject):
         if values.get("labels", "labels") == "shift_labels" and values.get("reduction", "mean") != "mean":
             # num_items would need the trainer's count over shift_labels (references/data.py counts labels[..., 1:]).
             return "labels shift_labels is held to HF's mean only"
+        if values.get("autocast_modules", "default") != "default" and values.get("autocast", "off") == "off":
+            return "autocast_modules sets torch_autocast.lower_precision_safe_modules, which needs autocast on"
         return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --
@@ -694,9 +720,12 @@ class EngineHead(Subject):
                 # user's (its step unscales them); the records divide it back out (a power of two: exact), and
                 # each step's scale and skip decision go to rank_decisions.
                 scaled = loss_scaling.setting(values) is not None
+                # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
+                amp_scaler = loss_scaling.autocast_scaler(engine) if values.get("autocast") == "fp16" else None
                 scales, skipped = [], []
                 for step in range(train.steps):
-                    scale = loss_scaling.current_scale(engine) if scaled else 1.0
+                    scale = (loss_scaling.current_scale(engine) if scaled else
+                             float(amp_scaler.get_scale()) if amp_scaler is not None else 1.0)
                     batches = [{k: t.to(ctx.device) for k, t in b.items()}
                                for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
                     num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
@@ -731,6 +760,13 @@ class EngineHead(Subject):
                         scales.append(scale)
                         if loss_scaling.step_overflowed(engine):
                             skipped.append(step)
+                    elif amp_scaler is not None:
+                        # GradScaler keeps no skip flag past update(); it backs off (halves) on exactly the steps
+                        # whose step() it skipped for an inf or nan, and grows only every 2000 clean steps. ZeRO's
+                        # optimizer may skip a step before its GradScaler sees it (its own overflow flag).
+                        scales.append(scale)
+                        if float(amp_scaler.get_scale()) < scale or loss_scaling.step_overflowed(engine):
+                            skipped.append(step)
                     if train.clip > 0 and reports_grad_norm(values):
                         norm = engine.get_global_grad_norm()
                         obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
@@ -740,6 +776,8 @@ class EngineHead(Subject):
                 if scaled:
                     obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped,
                                                        skipped_steps=int(engine.skipped_steps))
+                elif amp_scaler is not None:
+                    obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped)
                 obs.facts["loss_backend"] = backends
                 obs.facts["collectives"] = comm
                 if values.get("save", "none") != "none":
@@ -759,7 +797,8 @@ class ColumnGatheredHead(EngineHead):
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": ENGINE_IGNORE_INDEX, "process": None, "use_default_specs": None,
-            "grad_allreduce": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, "labels": None}
+            "grad_allreduce": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, "labels": None,
+            **AUTOCAST_MODULES_AXES}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
@@ -790,7 +829,7 @@ class VocabParallelHead(EngineHead):
     # head: named, not the whole axis (heuristic_blocks' layers.1.lm_head is no head of this model).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": (*NAMED_HEADS, "output"),
             "ignore_index": ENGINE_IGNORE_INDEX, "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES,
-            "model_config": None, "model_init": None, "labels": None}
+            "model_config": None, "model_init": None, "labels": None, **AUTOCAST_MODULES_AXES}
 
     def run_rank(self, values, ctx):
         with claimed_triton(values.get("triton") == "claimed"):

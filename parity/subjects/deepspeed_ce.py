@@ -13,10 +13,13 @@ DeepSpeed state, so there is nothing to reset.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from importlib.util import find_spec
 
-from parity.observe import collectives
+import torch
+
+from parity.observe import collectives, gemm_dtypes
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, Subject, case_seed
@@ -42,6 +45,12 @@ def global_vocab_size(values: dict) -> int | None:
     gate's equal-shard test (sequence/cross_entropy.py:236-258)."""
     vocab = values["vocab"]
     return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values.get("global_vocab", "unset")]
+
+
+def autocast_dtype(values: dict):
+    """The torch.autocast dtype a case's ``autocast`` axis names, or None (off)."""
+    autocast = values.get("autocast", "off")
+    return None if autocast == "off" else DTYPES[autocast]
 
 
 def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
@@ -292,11 +301,15 @@ class DeepSpeedFusedLinearCE(Subject):
     name = "ds_fused_linear_ce"
     description = ("deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy on the head's "
                    "vocabulary rows against an unfused linear + CE")
+    # autocast: the call made inside the user's torch.autocast on float32 inputs (the function reads the autocast
+    # dtype as its compute dtype, linear_cross_entropy.py:258), against plain autocast's linear + CE.
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "bias": None, "chunk": None,
-            "ignore": None, "tp": None, "sp": None, "device": None}
+            "ignore": None, "tp": None, "sp": None, "device": None, "autocast": ("off", "bf16")}
 
     def invalid(self, values):
         sp = values.get("sp", 1)
+        if values.get("autocast", "off") != "off" and values["dtype"] != "fp32":
+            return "autocast runs on float32 inputs (dtype fp32), as a user's AMP loop"
         return f"sp {sp} does not split the {FUSED_TOKENS} tokens into equal chunks" if FUSED_TOKENS % sp else None
 
     def claims(self, values):
@@ -308,8 +321,12 @@ class DeepSpeedFusedLinearCE(Subject):
         # their errors are this one computation's own roundings, judged as a stage's. Not in fp32: there the
         # error is the accumulation order, which chunking changes wholesale (weight_grad at 1.02x of the
         # stage bound at seed 3), and it keeps the end-to-end slack.
+        # Under autocast likewise: float32 inputs, each product and gradient rounded once in the autocast dtype. Its
+        # numbers would pass as well from float32 GEMMs, so the GEMMs' own dtype is claimed and observed.
+        amp = autocast_dtype(values)
         return Claims(module_types={}, param_shards={}, micro_records=records,
-                      stage_local=values.get("dtype") in ("bf16", "fp16"))
+                      stage_local=values.get("dtype") in ("bf16", "fp16") or amp is not None,
+                      gemm_dtype=None if amp is None else str(amp).replace("torch.", ""))
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore=values["ignore"])
@@ -318,7 +335,8 @@ class DeepSpeedFusedLinearCE(Subject):
         return linear_ce_reference(case_seed(SEED, values), FUSED_TOKENS, values["vocab"], HIDDEN, values["bias"],
                                    values["ignore"],
                                    DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX,
-                                   reduction=values["reduction"], sequence_parts=values.get("sp", 1))
+                                   reduction=values["reduction"], sequence_parts=values.get("sp", 1),
+                                   autocast=autocast_dtype(values))
 
     def run_rank(self, values, ctx):
         from deepspeed.sequence.linear_cross_entropy import vocab_parallel_linear_cross_entropy
@@ -337,12 +355,15 @@ class DeepSpeedFusedLinearCE(Subject):
         hidden = h.to(ctx.device).requires_grad_(True)
         weight = w[part].to(ctx.device).contiguous().requires_grad_(True)
         bias = None if b is None else b[part].to(ctx.device).contiguous().requires_grad_(True)
-        with collectives.recording() as counts:
-            loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
-                                                       tp_group=group, sp_group=sequence_group(ctx, values),
-                                                       vocab_start_index=start, vocab_end_index=end,
-                                                       ignore_index=IGNORE_INDEX, reduction=reduction,
-                                                       chunk_size=values["chunk"] or None)
+        amp = autocast_dtype(values)
+        with collectives.recording() as counts, gemm_dtypes.recording(amp or DTYPES[values["dtype"]]) as gemms:
+            # The user's AMP forward: the call inside torch.autocast, backward outside it.
+            with (torch.autocast(ctx.device.split(":")[0], dtype=amp) if amp is not None else contextlib.nullcontext()):
+                loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
+                                                           tp_group=group, sp_group=sequence_group(ctx, values),
+                                                           vocab_start_index=start, vocab_end_index=end,
+                                                           ignore_index=IGNORE_INDEX, reduction=reduction,
+                                                           chunk_size=values["chunk"] or None)
             upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
         if values.get("sp", 1) > 1:
             # The head is replicated over the SP ranks and each one's gradient covers its own tokens only: what
@@ -355,6 +376,7 @@ class DeepSpeedFusedLinearCE(Subject):
                     dist.all_reduce(param.grad, group=sequence_group(ctx, values))
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["collectives"] = {(0, 0): dict(counts)}
+        obs.facts["gemm_dtypes"] = sorted(gemms)
         obs.record("loss", 0, 0, None, loss)
         obs.record("hidden_grad", 0, 0, None, hidden.grad)
         obs.record("weight_grad", 0, 0, None, weight.grad)

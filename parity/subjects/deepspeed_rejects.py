@@ -184,6 +184,9 @@ class EngineVariant:
     # DeepCompile's autotp pass in the config: after an accepted initialize the user calls engine.compile() and the
     # first forward runs eagerly (compilation disabled, as TORCH_COMPILE_DISABLE=1 does); that forward must refuse.
     compile_eager: bool = False
+    # Merged into the config's torch_autocast and zero_optimization sections (the variant's values turn autocast on).
+    autocast: dict = dataclasses.field(default_factory=dict)
+    zero: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +260,13 @@ ENGINE_VARIANTS = {
     # DeepCompile's autotp pass with a head its deferred collectives need compiled (column) or cannot serve (row)
     "compile_autotp_eager_column": EngineVariant(_specs(COLUMN_GATHERED), compile_eager=True),
     "compile_autotp_row_head": EngineVariant(_specs(ROW_HEAD), compile_eager=True),
+    # torch_autocast settings the engine checks in init_autocast_params: a lower_precision_safe_modules entry that does
+    # not import (the head's class misspelt), and autocast with ZeRO 3's quantized weights
+    "autocast_unknown_module": EngineVariant(VOCAB_PARALLEL, values={"autocast": "bf16", "zero": 1}, autocast={
+        "lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
+                                         "deepspeed.module_inject.layers.VocabParallelLinaer"]}),
+    "autocast_zero_quantized_weights": EngineVariant(VOCAB_PARALLEL, values={"autocast": "bf16", "zero": 3},
+                                                     zero={"zero_quantized_weights": True}),
 }
 
 CE_VARIANTS = {
@@ -396,6 +406,8 @@ class DeepSpeedRejection(Subject):
         config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32", **variant.values}, train)
         if variant.compile_eager:
             config["compile"] = {"deepcompile": True, "passes": ["autotp"]}
+        config.get("torch_autocast", {}).update(variant.autocast)
+        config["zero_optimization"].update(variant.zero)
         if "tp_size_plus" in variant.extra:
             config["tensor_parallel"]["tp"]["tp_size"] = tp + variant.extra["tp_size_plus"]
         if variant.tp_model_init:

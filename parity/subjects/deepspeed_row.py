@@ -14,7 +14,7 @@ import dataclasses
 import re
 
 from parity.subjects.base import Claims
-from parity.subjects.deepspeed_autotp import COMMON_AXES, EngineHead, reports_grad_norm
+from parity.subjects.deepspeed_autotp import AUTOCAST_MODULES_AXES, COMMON_AXES, EngineHead, reports_grad_norm
 
 
 class RowParallelHead(EngineHead):
@@ -23,7 +23,7 @@ class RowParallelHead(EngineHead):
                    "partition_config row spec in training; weight sharded along hidden, bias replicated, "
                    "full logits after the all-reduce, the suite's CE on top.")
     # head_input: the head also takes a flattened [B*T, H] hidden state (the scatter narrows dim -1).
-    axes = {**COMMON_AXES, "head_input": None, "save": None}
+    axes = {**COMMON_AXES, "head_input": None, "save": None, **AUTOCAST_MODULES_AXES}
 
     def model_spec(self, values):
         return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))

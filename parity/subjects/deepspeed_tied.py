@@ -122,7 +122,9 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
     # head model.lm_head: with a config whose head count divides the vocabulary, AutoTP's kv-head split reaches a
     # nested head (tp_shard.get_shard_size), and the tied embedding takes the head's layout.
-    axes = {**VocabParallelHead.axes, "head": ("lm_head", "model.lm_head"), **TIED_AXES, "process": None}
+    # autocast_modules stays with the untied heads (a tied weight's mark would also cover the embedding's reduction).
+    axes = {**{k: v for k, v in VocabParallelHead.axes.items() if k != "autocast_modules"},
+            "head": ("lm_head", "model.lm_head"), **TIED_AXES, "process": None}
 
     def claims(self, values):
         base, head = super().claims(values), values["head"]

@@ -69,6 +69,22 @@ def fp16_section(values: dict) -> dict:
             "loss_scale_window": found.window, "hysteresis": found.hysteresis}
 
 
+# torch_autocast with float16: DeepSpeed builds torch.amp.GradScaler at its defaults (engine.py:672 for ZeRO 0,
+# stage_1_and_2.py:612 and stage3.py:473), and the config has no key to change them; a user's AMP loop does the same.
+AUTOCAST_FP16_SCALING = DynamicScaling(init_scale=2.0 ** 16, growth_interval=2000)
+
+
+def autocast_grad_scaler(values: dict) -> DynamicScaling | None:
+    """The GradScaler a torch_autocast float16 engine (and the user's fp16 AMP loop) scales with; None otherwise."""
+    return AUTOCAST_FP16_SCALING if values.get("autocast", "off") == "fp16" else None
+
+
+def autocast_scaler(engine):
+    """The torch.amp.GradScaler a torch_autocast float16 engine built: the engine's own without ZeRO, the ZeRO
+    optimizer's otherwise."""
+    return engine.torch_autocast_z0_gradscaler or getattr(engine.optimizer, "torch_autocast_gradscaler", None)
+
+
 def grad_scaler(values: dict) -> DynamicScaling | None:
     """What a user moving this config to plain torch sets on torch.amp.GradScaler (no hysteresis there)."""
     found = setting(values)

@@ -289,3 +289,20 @@ def test_bf16_communication_is_ddps_bf16_compress_hook():
     oracle = train_reference(spec, bf16_train, torch.float32, torch.float64)
     exact = train_reference(spec, train, torch.float32, torch.float64)
     assert all(torch.equal(v, exact.records[k]) for k, v in oracle.records.items())  # no compression in the oracle
+
+
+def test_fused_linear_ce_autocast_reference_is_plain_autocast_with_bf16_gradient_floors():
+    from references.cross_entropy import linear_ce_reference
+
+    args = (4321, 40, 35, 16, True, "scattered", torch.float32)
+    plain = linear_ce_reference(*args, reduction="mean")
+    amp = linear_ce_reference(*args, reduction="mean", autocast=torch.bfloat16)
+    oracle = linear_ce_reference(*args, torch.float64, reduction="mean", autocast=torch.bfloat16)
+    # float32 records, bf16 arithmetic: the loss moves by about bf16's rounding of the logits, not float32's.
+    assert amp.layouts[("loss", 0, 0, 0, None)][0] == "float32"
+    assert amp.layouts[("weight_grad", 0, 0, 0, None)][0] == "float32"
+    shift = abs(float(amp.get("loss", 0, 0, 0, None)) - float(plain.get("loss", 0, 0, 0, None)))
+    assert 1e-6 < shift < 1e-2
+    assert amp.floor_dtypes["weight_grad"] == torch.bfloat16 and "loss" in amp.floor_dtypes
+    # The oracle takes no autocast.
+    assert "weight_grad" not in oracle.floor_dtypes

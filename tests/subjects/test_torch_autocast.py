@@ -70,9 +70,60 @@ def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks()
         for process in ("fresh", "after_autocast"):
             values = {**base, "zero": zero, "dp_reduce": "comm_fp32", "process": process}
             assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float32"]
-        # torch_autocast's marks: proj's bucket in bf16, the rest in fp32.
+    # torch_autocast's marks: proj's bucket in bf16, the rest in fp32; ZeRO 3 builds its buckets from the same marks.
+    for zero in (1, 2, 3):
         on = {**base, "dtype": "fp32", "zero": zero, "autocast": "bf16"}
         assert subject.decided(on)["zero_reduce_dtypes"] == ["torch.bfloat16", "torch.float32"]
     # No bucket to speak of without ZeRO, and no claim on the defaults.
     assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 0, "dp_reduce": "comm_fp32"})
     assert "zero_reduce_dtypes" not in subject.decided({**base, "zero": 2})
+
+
+def test_autocast_modules_names_the_head_class_the_subject_claims_and_the_decision_follows():
+    from parity.matrix.axes import AXES
+    from parity.subjects import SUBJECTS
+    from references.trajectory import TrainingSpec
+
+    assert AXES["autocast_modules"].quiet_default and AXES["autocast_modules"].default == "default"
+    base = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": False, "head": "lm_head",
+            "ignore": "scattered", "zero": 2, "gas": 2, "tp": 2, "dp": 2, "device": "cpu", "backend": "torch",
+            "autocast": "bf16"}
+    for name, head_class in (("vocab_parallel", "VocabParallelLinear"), ("column_gathered", "LinearLayer"),
+                             ("row_parallel", "LinearAllreduceWithReplicatedInput")):
+        subject = SUBJECTS[name]
+        named = {**base, "autocast_modules": "head"}
+        section = subject.ds_config(named, TrainingSpec())["torch_autocast"]
+        # The class by the full name DeepSpeed imports it by, and nn.Linear kept for the replicated proj.
+        assert section["lower_precision_safe_modules"] == ["torch.nn.modules.linear.Linear",
+                                                           f"deepspeed.module_inject.layers.{head_class}"]
+        assert subject.claims(named).module_types["lm_head"] == head_class
+        assert subject.decided(named)["head_comm_dtype"] == "torch.bfloat16"
+        # DeepSpeed's default list: the head (no longer an nn.Linear) is unmarked; the section names no list.
+        assert "lower_precision_safe_modules" not in subject.ds_config(base, TrainingSpec())["torch_autocast"]
+        assert subject.decided(base)["head_comm_dtype"] == "None"
+        assert subject.invalid({**named, "autocast": "off"}) is not None
+        assert subject.invalid(named) is None
+    assert "autocast_modules" not in SUBJECTS["tied_vocab_parallel"].axes
+
+
+def test_fp16_autocast_configures_float16_and_the_user_loop_scales_as_deepspeed_s_grad_scaler():
+    from parity.subjects import SUBJECTS
+    from parity.subjects.loss_scaling import AUTOCAST_FP16_SCALING
+
+    subject = SUBJECTS["column_gathered"]
+    values = {"dtype": "fp32", "reduction": "sum", "vocab": 35, "hidden": 32, "bias": False, "head": "lm_head",
+              "ignore": "scattered", "zero": 1, "gas": 1, "tp": 2, "dp": 1, "device": "cpu", "autocast": "fp16"}
+    train = subject.training_spec(values)
+    assert subject.ds_config(values, train)["torch_autocast"] == {"enabled": True, "dtype": "float16"}
+    # torch.amp.GradScaler's defaults, which DeepSpeed builds and the config cannot change.
+    assert train.loss_scale == AUTOCAST_FP16_SCALING and AUTOCAST_FP16_SCALING.init_scale == 2.0 ** 16
+    assert subject.training_spec({**values, "autocast": "bf16"}).loss_scale is None
+    assert subject.decided(values)["zero_reduce_dtypes"] == ["torch.float16", "torch.float32"]
+    # The point the overflow cases use: torch's AMP loop skips step 0 there, and the oracle follows it.
+    import torch
+
+    amp = subject.reference(values)
+    oracle = subject.reference(values, torch.float64)
+    skipped = {k[1] for k, v in amp.records.items() if k[0] == "step_skipped" and float(v) == 1.0}
+    assert skipped == {0}
+    assert {k[1] for k, v in oracle.records.items() if k[0] == "step_skipped" and float(v) == 1.0} == skipped
