@@ -164,11 +164,12 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "fp32 model; the reference is the user's plain AMP loop, the forward under torch.autocast, with fp16 "
               "torch.amp.GradScaler at its defaults as DeepSpeed builds it (references/trajectory.py). ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
               "inputs, against plain autocast's linear + CE (references/cross_entropy.py)"),
-    Axis("autocast_modules", ("default", "head"), "default", lambda v: f"acmods_{v}", quiet_default=True,
+    Axis("autocast_modules", ("default", "head", "base"), "default", lambda v: f"acmods_{v}", quiet_default=True,
          help="DeepSpeed engine subjects with autocast on: torch_autocast.lower_precision_safe_modules, the module "
               "classes whose parameters ZeRO reduces (and ZeRO 3 gathers) in the autocast dtype. default: left out "
               "(DeepSpeed's list: nn.Linear, Conv1d/2d/3d); head: nn.Linear and the AutoTP class the head becomes "
-              "(column_gathered, vocab_parallel, row_parallel)"),
+              "(column_gathered, vocab_parallel, row_parallel); base: nn.Linear and AutoTP's base class of that kind "
+              "(LinearLayer for the column heads, LinearAllreduce for the row head), whose instance the head is"),
     Axis("reverse", (False, True), False, _flag("kl_rev", "kl_fwd"),
          help="ds_vocab_kl: vocab_parallel_kl_div's reverse argument: False, KL(teacher || student); True, "
               "KL(student || teacher)"),

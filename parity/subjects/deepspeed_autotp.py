@@ -37,6 +37,10 @@ SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, 
 AUTOCAST_CONFIG = {"bf16": "bfloat16", "fp16": "float16"}
 # torch_autocast.lower_precision_safe_modules: on the three heads whose AutoTP class a user can name.
 AUTOCAST_MODULES_AXES = {"autocast_modules": None}
+# AutoTP's classes by the base a user names for every layer of that kind (module_inject/layers.py: VocabParallelLinear
+# subclasses LinearLayer, LinearAllreduceWithReplicatedInput subclasses LinearAllreduce).
+AUTOTP_BASE_CLASS = {"LinearLayer": "LinearLayer", "VocabParallelLinear": "LinearLayer",
+                     "LinearAllreduceWithReplicatedInput": "LinearAllreduce"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
@@ -510,12 +514,15 @@ class EngineHead(Subject):
     def lower_precision_safe_modules(self, values: dict) -> dict:
         """autocast_modules = head: the list a user writes to have the head's gradient reduced in the autocast dtype
         too: nn.Linear (DeepSpeed's default, kept for proj) and the class AutoTP makes of the head (by its full
-        name, as the option takes it), which is the class this subject claims for it."""
-        if values.get("autocast_modules", "default") == "default":
+        name, as the option takes it), which is the class this subject claims for it. base: AutoTP's base class of
+        that kind instead, the one a user names for "every column (row) layer"; the head is an instance of it."""
+        choice = values.get("autocast_modules", "default")
+        if choice == "default":
             return {}
         head_class = self.claims(values).module_types[values.get("head", "lm_head")]
+        named = AUTOTP_BASE_CLASS[head_class] if choice == "base" else head_class
         return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
-                                                 f"deepspeed.module_inject.layers.{head_class}"]}
+                                                 f"deepspeed.module_inject.layers.{named}"]}
 
     clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
@@ -524,9 +531,11 @@ class EngineHead(Subject):
         autocast = values.get("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
         if autocast != "off":
-            # The head is marked only where the case names its AutoTP class: DeepSpeed marks by exact class after
-            # AutoTP's replacement, so the default list's nn.Linear no longer covers it (by design: README's notes).
-            named = values.get("autocast_modules", "default") == "head"
+            # The head is marked where the case names its AutoTP class: DeepSpeed marks after AutoTP's replacement,
+            # so the default list's nn.Linear no longer covers it (by design: README's notes). Naming the base class
+            # the head is an instance of asks for it as well: the option's documentation ("the list of modules that
+            # will be downcasted") says nothing of exact classes (README: Known divergences).
+            named = values.get("autocast_modules", "default") in ("head", "base")
             found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]

@@ -106,6 +106,27 @@ def test_autocast_modules_names_the_head_class_the_subject_claims_and_the_decisi
     assert "autocast_modules" not in SUBJECTS["tied_vocab_parallel"].axes
 
 
+def test_autocast_modules_base_names_the_autotp_base_class_and_still_asks_for_the_head():
+    import deepspeed.module_inject.layers as layers
+
+    from parity.subjects import SUBJECTS
+    from references.trajectory import TrainingSpec
+
+    base = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": False, "head": "lm_head",
+            "ignore": "scattered", "zero": 2, "gas": 2, "tp": 2, "dp": 2, "device": "cpu", "backend": "torch",
+            "autocast": "bf16", "autocast_modules": "base"}
+    for name, named_class in (("vocab_parallel", "LinearLayer"), ("column_gathered", "LinearLayer"),
+                              ("row_parallel", "LinearAllreduce")):
+        subject = SUBJECTS[name]
+        section = subject.ds_config(base, TrainingSpec())["torch_autocast"]
+        assert section["lower_precision_safe_modules"] == ["torch.nn.modules.linear.Linear",
+                                                           f"deepspeed.module_inject.layers.{named_class}"]
+        # The named class is one the head's class derives from (or is): the documentation's "modules" cover it.
+        head_class = getattr(layers, subject.claims(base).module_types["lm_head"])
+        assert issubclass(head_class, getattr(layers, named_class))
+        assert subject.decided(base)["head_comm_dtype"] == "torch.bfloat16"
+
+
 def test_fp16_autocast_configures_float16_and_the_user_loop_scales_as_deepspeed_s_grad_scaler():
     from parity.subjects import SUBJECTS
     from parity.subjects.loss_scaling import AUTOCAST_FP16_SCALING
