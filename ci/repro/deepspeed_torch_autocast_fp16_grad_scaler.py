@@ -22,8 +22,12 @@ target the last vocabulary id (TP rank 1's shard), its loss a sum scaled so that
 fp16 at 2**16 and not at 2**15 (calibrated on the plain-torch model first).
 
 Run (CPU, 2 processes over gloo, about 40 s):  python ci/repro/deepspeed_torch_autocast_fp16_grad_scaler.py
+With --dp 2 (4 processes): two data-parallel replicas of each TP rank, fed the same batch (so DDP's average is the
+one-process gradient): the engine's gradient all-reduce carries an inf to both replicas of a TP rank, so they agree
+with each other, and the TP ranks part as at dp 1; ZeRO 1/2 skip alike on every rank.
 Exit status 1 while a DeepSpeed run skips other steps than plain torch's AMP loop (or its ranks disagree).
 """
+import argparse
 import importlib
 import os
 import sys
@@ -123,16 +127,24 @@ if __name__ == "__main__":
     factor = calibrated_factor()
     torch_skipped = plain_amp(factor)
     print(f"plain torch fp16 AMP (GradScaler, no TP): skips steps {torch_skipped} of {STEPS}")
-    result = run_ranks(rank_main, TP, factor, env={"DS_ACCELERATOR": "cpu"}, init=False)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each TP rank (world TP x dp)")
+    dp = parser.parse_args().dp
+    result = run_ranks(rank_main, TP * dp, factor, env={"DS_ACCELERATOR": "cpu"}, init=False)
     wrong = False
     for zero in (0, 1):
-        runs = [result[rank][zero] for rank in range(TP)]
+        # AutoTP's TP groups are consecutive ranks: rank r is TP rank r % TP of replica r // TP.
+        runs = [result[rank][zero] for rank in range(TP * dp)]
         for rank, run in enumerate(runs):
-            print(f"DeepSpeed torch_autocast fp16, ZeRO {zero}, TP rank {rank}: skips steps {run['skipped']}, "
-                  f"GradScaler scale per step {run['scales']}")
+            print(f"DeepSpeed torch_autocast fp16, ZeRO {zero}, TP rank {rank % TP} of replica {rank // TP}: skips "
+                  f"steps {run['skipped']}, GradScaler scale per step {run['scales']}")
             wrong |= run["skipped"] != torch_skipped
         parted = float((runs[0]["proj"] - runs[1]["proj"]).abs().max())
         print(f"  replicated proj.weight, TP rank 0 vs 1: max difference {parted:.3e}")
+        for replica in range(1, dp):
+            apart = float((runs[0]["proj"] - runs[replica * TP]["proj"]).abs().max())
+            print(f"  replicated proj.weight, replica 0 vs {replica} (TP rank 0): max difference {apart:.3e}")
+            wrong |= apart > 0
         wrong |= parted > 0
     print("DIFFERENT: DeepSpeed's fp16 autocast skips other steps than torch's AMP loop" if wrong else "same steps")
     sys.exit(1 if wrong else 0)
