@@ -169,6 +169,9 @@ class InferenceHead(Subject):
             return f"prior_tp {prior} is no multiple of tp {values['tp']} (the ranks past tp are copies of its layout)"
         if values.get("dp", 1) > 1 and (prior or values.get("tp_source", "tp_size") != "tp_size"):
             return "dp: a fresh process's group made from tp_size (no earlier engine's, no mpu's)"
+        if values.get("dp", 1) > 1 and values["head"] == "model.lm_head":
+            # set_lm_head never hands a nested head to AutoTP, so no rank meets the group: the nested-head divergence
+            return "dp: a nested head is never sharded, so tp_size's group reaches no layer"
         if prior and values.get("tp_source", "tp_size") != "tp_size":
             return "prior_tp: the cached group is read by the tp_size path only (an mpu hands over its own group)"
         return super().invalid(values)
