@@ -42,7 +42,8 @@ REJECTIONS = (
     "vocab_empty_shard", "vocab_no_head", "liger_without_vocab_head", "tp_size_mismatch",
     "loss_function_missing", "loss_function_read_only", "loss_function_setter_ignored", "column_no_gather",
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
-    "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model",
+    "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model", "heuristic_gpt2_family",
+    "heuristic_gpt2_vocab_head",
     "vocab_two_heads", "vocab_nested_heads", "heuristic_two_heads", "hf_plan_two_heads",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",
@@ -256,6 +257,10 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          help="inference_head: the tensor_parallel.tp_size of an init_inference the user ran before, in the same "
               "process (0: none); the ranks are the larger of the two sizes, the case's tp a divisor of them, every "
               "rank fed the same input"),
+    Axis("second_head", ("none", "mtp.lm_head"), "none", lambda v: f"second_{v.replace('.', '_')}", quiet_default=True,
+         help="tied_plan_head: a second output head tied to the embedding, as a multi-token-prediction module's own "
+              "lm_head (mtp.lm_head: no bias, used by no forward of the suite's), which the plan's lm_head pattern "
+              "also matches"),
     Axis("tp_source", ("tp_size", "mpu"), "tp_size", lambda v: f"tpsrc_{v}", quiet_default=True,
          help="inference_head: how init_inference learns its TP group: tensor_parallel.tp_size (the engine makes the "
               "group), or tensor_parallel.mpu, a Megatron-style mpu handing over a group of the same members"),

@@ -155,17 +155,23 @@ class InferenceHead(Subject):
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
     # head_input flat: the head gets a 2-D [tokens, hidden] state, as a model run on one unbatched sequence hands it.
     axes = {"dtype": None, "vocab": None, "hidden": None, "tied": None, "bias": None, "head": NAMED_HEADS, "tp": None,
-            "grain": None, "device": None, "allreduce": None, "tp_source": None, "head_input": None, "prior_tp": None}
+            "grain": None, "device": None, "allreduce": None, "tp_source": None, "head_input": None, "prior_tp": None,
+            "dp": None}
     defaults = {"grain": INFERENCE_DEFAULT_GRAIN}
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
     def world_size(self, values):
-        return max(values["tp"], values.get("prior_tp", 0))
+        return max(values["tp"] * values.get("dp", 1), values.get("prior_tp", 0))
 
     def invalid(self, values):
         prior = values.get("prior_tp", 0)
         if prior and prior % values["tp"]:
             return f"prior_tp {prior} is no multiple of tp {values['tp']} (the ranks past tp are copies of its layout)"
+        if values.get("dp", 1) > 1 and (prior or values.get("tp_source", "tp_size") != "tp_size"):
+            return "dp: a fresh process's group made from tp_size (no earlier engine's, no mpu's)"
+        if values.get("dp", 1) > 1 and values["head"] == "model.lm_head":
+            # set_lm_head never hands a nested head to AutoTP, so no rank meets the group: the nested-head divergence
+            return "dp: a nested head is never sharded, so tp_size's group reaches no layer"
         if prior and values.get("tp_source", "tp_size") != "tp_size":
             return "prior_tp: the cached group is read by the tp_size path only (an mpu hands over its own group)"
         return super().invalid(values)
@@ -232,7 +238,9 @@ class InferenceHead(Subject):
         model = build_model(spec, train.seed, dtype).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         prior = values.get("prior_tp", 0)
-        InferenceEngine.inference_mp_group = inference_group(ctx, prior or tp)
+        # A fresh process beyond tp's ranks: DeepSpeed's own new_group(range(tp_size)) is the behaviour under test.
+        fresh = values.get("dp", 1) > 1
+        InferenceEngine.inference_mp_group = None if fresh else inference_group(ctx, prior or tp)
         if prior:
             # The user's first engine, on a model of its own; it finds (and keeps) the group of all its ranks.
             first = build_model(spec, train.seed + 1, dtype).to(ctx.device)

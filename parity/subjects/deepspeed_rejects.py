@@ -97,6 +97,18 @@ class LlamaShapedLM(TinyLlamaModel):
     AutoTP's heuristic parser, whose AutoTP.supported looks for a model family in the repr's class names."""
 
 
+def _hf_gpt2(spec):
+    """transformers' own GPT2LMHeadModel, one block (Conv1D attention and MLP, a Linear lm_head tied to wte). It has no
+    tp_plan, so with no partition_config the engine takes AutoTP's heuristic parser, whose AutoTP.supported finds the
+    family in the repr's "(transformer): GPT2Model(" and refuses it (auto_tp.py:292-302, 349)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # bos/eos inside the small vocabulary: GPT-2's 50256 only draws a config warning
+    config = GPT2Config(vocab_size=spec.vocab, n_embd=spec.hidden, n_layer=1, n_head=2, n_positions=TOKENS,
+                        bos_token_id=spec.vocab - 1, eos_token_id=spec.vocab - 1)
+    return _seeded(lambda: GPT2LMHeadModel(config))
+
+
 def _seeded(factory):
     with seeded(SEED):
         return factory()
@@ -238,6 +250,10 @@ ENGINE_VARIANTS = {
     "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
     # no partition_config, no tp_plan: the heuristic path, on blocks it can shard but a class name it cannot place
     "heuristic_unnamed_model": EngineVariant({"vocab_parallel_lm_head": True}, _llama_shaped_unnamed),
+    # the same path on a family it names as unsupported (GPT-2: Conv1D blocks, a kernel-injection policy of its own),
+    # with vocab_parallel_lm_head unset, or true (the head is resolved before the parser refuses)
+    "heuristic_gpt2_family": EngineVariant({}, _hf_gpt2),
+    "heuristic_gpt2_vocab_head": EngineVariant({"vocab_parallel_lm_head": True}, _hf_gpt2),
     # two Linears that qualify as the vocab-parallel head (auto_tp._resolve_vocab_parallel_lm_head): a second head
     # named in lm_head_patterns, or a nested one whose last name segment is lm_head; through a partition_config,
     # the heuristic path, or an HF tp_plan

@@ -39,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 from importlib.util import find_spec
 
+import torch
+
 from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, VocabParallelHead, reports_grad_norm
 from parity.subjects.deepspeed_row import RowParallelHead
@@ -156,14 +158,20 @@ class TiedPlanHead(TiedColumnGatheredHead):
     description = ("A tied head through the model's HF-style tp_plan (embedding_rowwise + colwise_gather_output), "
                    "vocab_parallel_lm_head unset or false: DeepSpeed's auto vocab-parallel path takes a head named "
                    "lm_head, and leaves one named output replicated and tied (the tie fallback).")
-    axes = {**COMMON_AXES, "head": ("output", "lm_head"), "vocab_parallel_lm_head": ("unset", "false"), "padding": None}
+    axes = {**COMMON_AXES, "head": ("output", "lm_head"), "vocab_parallel_lm_head": ("unset", "false"), "padding": None,
+            "second_head": None}
     defaults = {"head": "output"}
 
     def auto_vocab_parallel(self, values) -> bool:
         # engine.py:1116-1125: the tied-head test reads only these two names, not partition_config.lm_head_patterns.
-        return values["vocab_parallel_lm_head"] == "unset" and values["head"].split(".")[-1] in ("lm_head", "embed_out")
+        # Two tied heads qualify: the engine catches _resolve_vocab_parallel_lm_head's "multiple heads" ValueError
+        # (engine.py:1163-1177) and falls back to replicated heads, which is what a second head claims.
+        return (values["vocab_parallel_lm_head"] == "unset" and values.get("second_head", "none") == "none"
+                and values["head"].split(".")[-1] in ("lm_head", "embed_out"))
 
     def invalid(self, values):
+        if values.get("second_head", "none") != "none" and values["head"] != "lm_head":
+            return "second_head: two heads qualify for the auto path only beside a head named lm_head"
         if self.auto_vocab_parallel(values) and values.get("reduction", "mean") not in ("mean", "num_items"):
             return ("the auto path installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
                     "num_items_in_batch: 'none' and 'sum' are no reduction it offers")
@@ -178,9 +186,24 @@ class TiedPlanHead(TiedColumnGatheredHead):
         model = super().build(values, dtype)
         # DeepSpeed reads an instance's _tp_plan as an HF tp_plan (runtime/tensor_parallel/config.py _get_hf_tp_plan).
         model._tp_plan = {"embed_tokens": "embedding_rowwise", values["head"]: "colwise_gather_output"}
+        second = values.get("second_head", "none")
+        if second != "none":
+            # A multi-token-prediction module's own head on the same tied Parameter, no bias: the model gains no
+            # parameter, so the reference (which never calls it) is the same model.
+            owner, leaf = second.split(".")
+            model.add_module(owner, torch.nn.Module())
+            spec = self.model_spec(values)
+            extra = torch.nn.Linear(spec.hidden, spec.vocab, bias=False)
+            extra.weight = model.embed_tokens.weight
+            getattr(model, owner).add_module(leaf, extra)
         return model
 
     def claims(self, values):
+        second = values.get("second_head", "none")
+        if second != "none":
+            both = super().claims(values)
+            return dataclasses.replace(both, module_types={**both.module_types, second: "Linear"},
+                                       shared_params=both.shared_params + ((f"{second}.weight", "embed_tokens.weight"),))
         if not self.auto_vocab_parallel(values):
             return super().claims(values)
         head = values["head"]

@@ -86,3 +86,17 @@ def test_a_second_inference_engine_runs_on_the_first_ones_ranks_with_its_own_cla
     assert "no multiple" in subject.invalid({**base, "tp": 3, "prior_tp": 4})
     assert "mpu" in subject.invalid({**base, "prior_tp": 4, "tp_source": "mpu"})
     assert subject.world_size({**base, "prior_tp": 0}) == base["tp"]
+
+
+def test_inference_tp_size_below_the_world_is_a_fresh_group_and_its_documented_crash():
+    # dp > 1: tp_size 2 on 4 ranks, the engine's own new_group(range(tp_size)); claims of two tp-2 copies.
+    subject = SUBJECTS["inference_head"]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("dp", 1) > 1]
+    assert [(c.values["tp"], c.values["dp"], c.world_size) for c in cases] == [(2, 2, 4)]
+    case = cases[0]
+    assert case.divergence.repro == "ci/repro/deepspeed_inference_tp_size_below_world.py"
+    assert case.divergence.raises.startswith("AssertionError: AutoTP shard sizes")
+    reference = subject.reference(case.values)
+    assert (reference.get("logits", 0, 0, 0, None) == reference.get("logits", 0, 0, 1, None)).all()
+    assert subject.invalid({**case.values, "prior_tp": 4})
+    assert subject.invalid({**case.values, "tp_source": "mpu"})

@@ -173,7 +173,8 @@ def test_tied_column_gathered_claims_both_replicated_and_still_tied():
 def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
     # engine.py:1116-1125: vocab_parallel_lm_head unset turns the vocabulary-parallel head on for a tied lm_head /
     # embed_out only; any other name (or false) gets the gathered-column tie fallback.
-    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.subject == "tied_plan_head"]
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml")
+             if c.subject == "tied_plan_head" and c.values.get("second_head", "none") == "none"]
     assert {(c["head"], c["vocab_parallel_lm_head"]) for c in cases} == {
         ("output", "unset"), ("output", "false"), ("lm_head", "unset"), ("lm_head", "false")}
     subject = SUBJECTS["tied_plan_head"]
@@ -188,6 +189,25 @@ def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
         assert config.get("vocab_parallel_lm_head") is (None if case["vocab_parallel_lm_head"] == "unset" else False)
     model = subject.build(cases[0].values, torch.float32)
     assert model._tp_plan == {"embed_tokens": "embedding_rowwise", cases[0]["head"]: "colwise_gather_output"}
+
+
+def test_two_tied_plan_heads_claim_both_replicated_and_tied():
+    # Two qualifying tied heads: engine.py:1163-1177 catches _resolve_vocab_parallel_lm_head's ValueError on the auto
+    # path and keeps them replicated; false never tries. Either way both heads stay nn.Linear on the embedding's weight.
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.values.get("second_head", "none") != "none"]
+    assert {(c["vocab_parallel_lm_head"], c["dtype"]) for c in cases} == {("unset", "fp32"), ("false", "fp32"),
+                                                                        ("unset", "bf16")}
+    subject = SUBJECTS["tied_plan_head"]
+    for case in cases:
+        claims = subject.claims(case.values)
+        assert claims.module_types["lm_head"] == claims.module_types["mtp.lm_head"] == "Linear", case.id
+        assert claims.module_types["embed_tokens"] == "Embedding" and claims.param_shards["embed_tokens.weight"] is None
+        assert set(claims.shared_params) == {("lm_head.weight", "embed_tokens.weight"),
+                                             ("mtp.lm_head.weight", "embed_tokens.weight")}
+    model = subject.build(cases[0].values, torch.float32)
+    assert model.mtp.lm_head.weight is model.embed_tokens.weight is model.lm_head.weight
+    assert model.mtp.lm_head.bias is None  # no parameter the reference lacks
+    assert subject.invalid({**cases[0].values, "head": "output"})
 
 
 @pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
