@@ -163,7 +163,8 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("autocast", ("off", "bf16", "fp16"), "off", lambda v: f"autocast_{v}", quiet_default=True,
          help="DeepSpeed engine subjects: the torch_autocast config section (enabled, dtype bfloat16 or float16) on an "
               "fp32 model; the reference is the user's plain AMP loop, the forward under torch.autocast, with fp16 "
-              "torch.amp.GradScaler at its defaults as DeepSpeed builds it (references/trajectory.py). ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
+              "torch.amp.GradScaler at its defaults as DeepSpeed builds it (references/trajectory.py). "
+              "ds_fused_linear_ce: the call made inside the user's torch.autocast on fp32 "
               "inputs, against plain autocast's linear + CE (references/cross_entropy.py)"),
     Axis("autocast_modules", ("default", "head", "base"), "default", lambda v: f"acmods_{v}", quiet_default=True,
          help="DeepSpeed engine subjects with autocast on: torch_autocast.lower_precision_safe_modules, the module "

@@ -11,6 +11,7 @@ import torch
 from references.loss import causal_lm_loss
 from references.tiny_lm import ModelSpec, build_model
 from references.trajectory import TrainingSpec, train_reference
+from tests.conftest import skip_or_fail
 
 REFERENCES = Path(__file__).resolve().parents[2] / "references"
 FORBIDDEN = ("deepspeed", "liger_kernel", "parity")
@@ -245,7 +246,11 @@ def test_topk_logprobs_are_log_softmax_gathered_with_ignored_ids_zero():
 
 def test_shift_labels_are_scored_as_transformers_for_causal_lm_loss_scores_them():
     # references/loss.py writes ForCausalLMLoss out (transformers must stay optional for the references).
-    transformers_loss = pytest.importorskip("transformers.loss.loss_utils")
+    from importlib.util import find_spec
+
+    if find_spec("transformers") is None:
+        skip_or_fail("transformers is not installed (pip install -e '.[hf]'); requirements-cpu.txt pins it")
+    import transformers.loss.loss_utils as transformers_loss
     from references.loss import causal_lm_loss, continued_shift_labels
 
     gen = torch.Generator().manual_seed(3)
