@@ -530,6 +530,9 @@ class EngineHead(Subject):
     def decided(self, values):
         autocast = values.get("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
+        # The dtype communication_data_type names, as torch spells it (None: the dp_reduce value sets none).
+        comm_key = DP_REDUCE_CONFIG[values.get("dp_reduce", "average")].get("communication_data_type")
+        communication = None if comm_key is None else str(DTYPES[comm_key])
         if autocast != "off":
             # The head is marked where the case names its AutoTP class: DeepSpeed marks after AutoTP's replacement,
             # so the default list's nn.Linear no longer covers it (by design: README's notes). Naming the base class
@@ -548,11 +551,10 @@ class EngineHead(Subject):
             # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
             # ZeRO 3 builds its buckets from the same marks (stage3.py get_all_comm_dtypes) as ZeRO 1/2.
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
-        elif values.get("zero", 0) in (1, 2) and values.get("dp_reduce") in ("comm_fp32", "comm_bf16"):
-            # what communication_data_type asks for
-            found["zero_reduce_dtypes"] = ["torch.float32" if values["dp_reduce"] == "comm_fp32" else "torch.bfloat16"]
-        if values.get("dp_reduce") in ("comm_fp32", "comm_bf16"):
-            found["communication_data_type"] = "torch.float32" if values["dp_reduce"] == "comm_fp32" else "torch.bfloat16"
+        elif values.get("zero", 0) in (1, 2) and communication is not None:
+            found["zero_reduce_dtypes"] = [communication]  # what communication_data_type asks for
+        if communication is not None:
+            found["communication_data_type"] = communication
         if values.get("model_config", "none") != "none":
             found["kv_heads"] = text_kv_heads(values["model_config"])
         if loss_scaling.setting(values) is not None:
@@ -584,13 +586,13 @@ class EngineHead(Subject):
 
     def training_spec(self, values: dict):
         spec = super().training_spec(values)
-        if loss_scaling.grad_scaler(values) is not None:
-            spec = dataclasses.replace(spec, loss_scale=loss_scaling.grad_scaler(values))
+        if (scaler := loss_scaling.grad_scaler(values)) is not None:
+            spec = dataclasses.replace(spec, loss_scale=scaler)
         if values.get("dp_reduce") == "comm_bf16":
             # A user who asks for bf16 gradient communication in plain PyTorch: DDP with bf16_compress_hook.
             spec = dataclasses.replace(spec, comm_dtype=torch.bfloat16)
-        if loss_scaling.autocast_grad_scaler(values) is not None:
-            spec = dataclasses.replace(spec, loss_scale=loss_scaling.autocast_grad_scaler(values))
+        if (scaler := loss_scaling.autocast_grad_scaler(values)) is not None:
+            spec = dataclasses.replace(spec, loss_scale=scaler)
         return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
