@@ -257,7 +257,8 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
     if case.divergence is not None and case.divergence.raises and outcome.errors:
         return _crash_divergence_verdict(case, outcome)
     if outcome.errors:
-        first = min(outcome.errors)
+        # The rank that raised first is the cause; a peer it left in a collective (RankLost) only says so
+        first = min(outcome.errors, key=lambda r: (outcome.errors[r].type == "RankLost", r))
         err = outcome.errors[first]
         return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
                        rank_errors=outcome.errors)

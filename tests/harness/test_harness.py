@@ -64,6 +64,7 @@ def test_a_rank_that_raises_while_its_peer_waits(runner, cases):
     verdict = runner.run(cases["faulty_raises_on_rank1"])
     assert verdict.status == FAILED
     assert "planted failure on rank 1" in verdict.rank_errors[1].traceback
+    assert verdict.reason.startswith("rank 1 raised"), verdict.reason  # the cause, not the peer it left waiting
     lost = verdict.rank_errors[0]
     assert lost.type == "RankLost"  # stuck in initialize's collectives, then released and torn down
     # released by stopping rank 1, not waited out for the whole grace: the collective's stack is kept
