@@ -150,6 +150,10 @@ def _llama_shaped_unnamed(spec):
     return _seeded(lambda: LlamaShapedLM(dataclasses.replace(spec, blocks=2)))
 
 
+def _llama_named(spec):
+    return _seeded(lambda: TinyLlamaModel(dataclasses.replace(spec, blocks=2)))
+
+
 def _plain(spec):
     return build_model(spec, SEED, torch.float32)
 
@@ -199,6 +203,9 @@ class EngineVariant:
     # Merged into the config's torch_autocast and zero_optimization sections (the variant's values turn autocast on).
     autocast: dict = dataclasses.field(default_factory=dict)
     zero: dict = dataclasses.field(default_factory=dict)
+    # Accepted preset_model: say which partition source the engine took (the preset's specs or none) and what
+    # it made of a block, after one forward.
+    probe_preset: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +261,11 @@ ENGINE_VARIANTS = {
     # with vocab_parallel_lm_head unset, or true (the head is resolved before the parser refuses)
     "heuristic_gpt2_family": EngineVariant({}, _hf_gpt2),
     "heuristic_gpt2_vocab_head": EngineVariant({"vocab_parallel_lm_head": True}, _hf_gpt2),
+    # tensor_parallel.preset_model naming no built-in preset, on a Llama-shaped model the heuristic path can shard: a
+    # model type AutoTPPresets has no preset for ("mistral"), and "llama_gqa", an AutoTPPresets method that get_preset
+    # does not list (it needs head counts). AutoEP's preset_model raises "Unknown preset_model" for the same mistake.
+    "preset_unknown_name": EngineVariant({"preset_model": "mistral"}, _llama_named, probe_preset=True),
+    "preset_llama_gqa": EngineVariant({"preset_model": "llama_gqa"}, _llama_named, probe_preset=True),
     # two Linears that qualify as the vocab-parallel head (auto_tp._resolve_vocab_parallel_lm_head): a second head
     # named in lm_head_patterns, or a nested one whose last name segment is lm_head; through a partition_config,
     # the heuristic path, or an HF tp_plan
@@ -452,6 +464,17 @@ class DeepSpeedRejection(Subject):
         try:
             if user_tp is not None:
                 self._probe_user_groups(engine, model, spec, ctx, user_tp, variant.dp, before)
+            if variant.probe_preset:
+                specs = engine._config.tensor_parallel_config.get_partition_config_object()
+                ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
+                with torch.no_grad():
+                    engine(input_ids=ids.to(ctx.device))
+                o_proj = type(engine.module.layers[0].self_attn.o_proj).__name__
+                raise AssertionError(
+                    f"accepted: preset_model {variant.tp_config['preset_model']!r} gave "
+                    f"{'no partition config' if specs is None else f'{len(specs.layer_specs)} layer specs'}, the "
+                    f"engine took AutoTP's heuristic parser (layers.0.self_attn.o_proj became {o_proj}) and the "
+                    f"first forward ran")
             if variant.probe_logits:
                 ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
                 with torch.no_grad():
