@@ -66,6 +66,19 @@ class DiesOnRankOne(ColumnGatheredHead):
         return super().run_rank(values, ctx)
 
 
+class AbortsOnRankOne(ColumnGatheredHead):
+    """Rank 1 dies as a process that gloo's C++ enforce aborts does (std::terminate, SIGABRT) while rank 0 waits in a
+    collective with it."""
+    name = "faulty_aborts_on_rank1"
+
+    def run_rank(self, values, ctx):
+        if ctx.rank == 1:
+            os.write(2, b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+                        b"  what():  [enforce fail] planted: Is there a distributed collective mismatch in your code?\n")
+            os.abort()
+        return super().run_rank(values, ctx)
+
+
 class LeavesStateBehind(ColumnGatheredHead):
     """Passes itself, then leaves AutoTP's process-global switches flipped for the next case."""
     name = "faulty_leaves_state"
@@ -133,5 +146,5 @@ def _rejects(plant: str) -> RejectsAfterConverting:
     return subject
 
 
-SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(),
+SUBJECTS = [DroppedInputGradAllReduce(), UnshardedHead(), RaisesOnRankOne(), HangsOnRankZero(), DiesOnRankOne(), AbortsOnRankOne(),
             LeavesStateBehind(), AlwaysRejects(), Float32Logits()] + [_rejects(p) for p in ("none", "convert", "switch", "unrecorded")]

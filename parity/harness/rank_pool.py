@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import re
 import signal
 import tempfile
 import time
@@ -109,6 +110,17 @@ class PoolOutcome:
 
 class PoolStartError(RuntimeError):
     pass
+
+
+def _fatal_cause(log_tail: str) -> str:
+    """Why a rank process died, from what it wrote last: a C++ exception that reached std::terminate (its type
+    and what(): gloo's "collective mismatch" enforce, say), else Python's fatal error line; "" if neither."""
+    thrown = re.search(r"terminate called after throwing an instance of '([^']+)'", log_tail)
+    what = re.search(r"^\s*what\(\):\s*(.+)$", log_tail, re.MULTILINE)
+    if what:
+        return f"{thrown.group(1)}: {what.group(1).strip()}" if thrown else what.group(1).strip()
+    fatal = re.search(r"^Fatal Python error: (.+)$", log_tail, re.MULTILINE)
+    return fatal.group(1).strip() if fatal else ""
 
 
 def _tail(path: Path, offset: int, limit: int = 6000) -> str:
@@ -238,7 +250,7 @@ class RankPool:
                     continue
                 dead = [r for r, p in enumerate(self.procs) if not p.is_alive() and r not in released]
                 if dead:
-                    problem = {r: f"rank {r} died (exit code {self.procs[r].exitcode})" for r in dead}
+                    problem = {r: f"died (exit code {self.procs[r].exitcode})" for r in dead}
                 elif now > deadline:
                     problem = {None: f"no result within {timeout_s:.0f} s"}
                 elif first_error_at is not None and now > first_error_at + PEER_GRACE_S:
@@ -267,11 +279,27 @@ class RankPool:
                 if self.procs[r].is_alive():
                     os.kill(self.procs[r].pid, signal.SIGUSR1)  # faulthandler writes the stack to the log
             time.sleep(1.0)
+            dead = [r for r in missing if r in problem]
             for r in missing:
-                why = problem.get(r) or problem.get(None)
-                outcome.errors[r] = RankError(r, "RankLost", why,
-                                              f"{why}; last output of rank {r} (log {self.logs[r]}):\n"
-                                              f"{_tail(self.logs[r], offsets[r])}")
+                tail = _tail(self.logs[r], offsets[r])
+                if r in dead:
+                    # A rank that died is a cause, not a lost peer: its reason says what killed it (a gloo abort
+                    # on a collective mismatch reads "died (exit code -6) after gloo::EnforceNotMet: ...").
+                    cause = _fatal_cause(tail)
+                    why = problem[r] + (f" after {cause}" if cause else "")
+                    kind = "RankDied"
+                else:
+                    why = problem.get(None) or f"still running when rank(s) {', '.join(map(str, dead))} died"
+                    kind = "RankLost"
+                outcome.errors[r] = RankError(r, kind, why, f"{why}; last output of rank {r} (log {self.logs[r]}):\n"
+                                                            f"{tail}")
+            if dead:
+                # A peer that already reported the dead rank's closed connection was lost to it, not a cause.
+                for r, err in list(outcome.errors.items()):
+                    if err.type not in ("RankDied", "RankLost") and any(g in err.message for g in _PEER_GONE):
+                        why = f"lost its peer: rank(s) {', '.join(map(str, dead))} died"
+                        outcome.errors[r] = RankError(r, "RankLost", why, f"{why}; it raised {err.type}: "
+                                                                          f"{err.message}\n{err.traceback}")
             outcome.broken = True
             self.close(force=True)
         elif released:  # the stopped ranks leave the group short: the next case starts a new one

@@ -90,6 +90,18 @@ def test_a_dead_rank_fails_the_case(runner, cases):
     assert runner.run(good_case()).status == PASSED
 
 
+def test_a_rank_aborted_by_a_collective_mismatch_is_the_cause(runner, cases):
+    """A rank that dies is a cause, with what killed it read from its log; the peer whose collective it closed is
+    only lost to it, and the reason names the dead rank."""
+    verdict = runner.run(cases["faulty_aborts_on_rank1"])
+    assert verdict.status == FAILED
+    dead, lost = verdict.rank_errors[1], verdict.rank_errors[0]
+    assert dead.type == "RankDied" and dead.message.startswith("died (exit code -6) after gloo::EnforceNotMet: ")
+    assert "collective mismatch" in dead.message
+    assert lost.type == "RankLost" and "rank(s) 1 died" in lost.message, lost.message
+    assert verdict.reason.startswith("rank 1 raised RankDied: died (exit code -6)"), verdict.reason
+
+
 def test_state_left_behind_is_reset_before_the_next_case(runner, cases):
     assert runner.run(cases["faulty_leaves_state"]).status == PASSED
     verdict = runner.run(good_case())
