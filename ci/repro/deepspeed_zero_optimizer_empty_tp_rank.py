@@ -11,8 +11,11 @@ exit closes it. ZeRO 0 trains the model in fp32; plain torch (one rank, the whol
 gradient accumulation builds BF16_Optimizer instead, whose flattening of the empty group raises ``ValueError:
 torch.cat(): expected a non-empty list of Tensors`` (``--bf16-optimizer``). Found by parity explore --budget 1800
 (seed 1) on embed_spec_untied, shrunk to vocabulary 2, hidden 2, no bias, ZeRO 1, grain 2. bf16 at ZeRO 0
-(``--dtype bf16 --zero 0``): the ranks' collectives part (TP rank 1 takes its step while TP rank 0's first forward
-loses its peer; in the suite's rank pool a rank aborts inside gloo); not characterised further, no case.
+(``--dtype bf16 --zero 0``): the engine's unfused bf16 optimizer is built, and its step joins the norm's
+model-parallel all-reduce only where the rank has a gradient to measure (fp16/unfused_optimizer.py:212-213,
+``if len(grads_for_norm) > 0: get_weight_norm(...)``): TP rank 1 skips it and finishes its step while TP rank 0
+waits in it, then loses its peer. Over more steps the ranks' collectives pair up wrongly (in the suite's two-step
+case gloo sees 12 bytes where 4 were expected and aborts TP rank 0; a pairing of equal sizes would pass unnoticed).
 Related: an empty shard among non-empty ones trains under
 ZeRO 1/2 (the gathered head's empty vocabulary shard, cases/deepspeed_heads.toml); BF16_Optimizer and ZeRO 3 fail
 on any empty shard (deepspeed_bf16_optimizer_empty_row_shard.py, deepspeed_zero3_empty_row_shard.py).
@@ -22,11 +25,13 @@ Run (CPU, about 20 s):
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --zero 2   # the same
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --zero 0   # fp32 ZeRO 0: a step on both ranks
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --bf16-optimizer  # BF16_Optimizer: ValueError (torch.cat)
+  python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --dtype bf16 --zero 0  # TP rank 0 lost in the norm's all-reduce
 Exit status 1 while a rank fails, 0 once every rank takes its step.
 """
 import importlib
 import os
 import sys
+import traceback
 
 import torch
 
@@ -80,8 +85,9 @@ def rank_main(rank, result):
         loss = engine(ids)
         engine.backward(loss)
         engine.step()
-    except RuntimeError as exc:  # the first forward's TP data check broadcasts to a peer that is gone
-        result[rank] = f"initialize passed; the first forward raised RuntimeError: {str(exc).splitlines()[0][:90]}"
+    except RuntimeError as exc:  # a collective of the first step (the forward's TP data check, the norm) lost its peer
+        where = "the step's norm" if "get_weight_norm" in traceback.format_exc() else "the first step"
+        result[rank] = f"initialize passed; {where} raised RuntimeError: {str(exc).splitlines()[0][:90]}"
         return
     shapes = {n: tuple(p.shape) for n, p in engine.module.named_parameters()}
     result[rank] = f"loss {float(loss.detach()):.6f}, step taken, shards {shapes}"
