@@ -39,7 +39,10 @@ PEER_GRACE_S = 10.0
 # failed rank sent before failing, and lets ranks that all fail alike (a rejection) keep their group.
 RELEASE_AFTER_S = 2.0
 # How a released peer's error reads: gloo's TCP transport when the other end of a pair went away.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# Under TORCH_DISTRIBUTED_DEBUG=DETAIL every collective first passes a monitored barrier, which names the
+# peers that are gone instead (explore seed 1 met it: the dist_debug axis with a crash on another rank).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "failed to pass monitoredBarrier")
 
 # Imported once by the forkserver, so a forked rank has them. The forkserver is made for the device
 # of the first group this process starts. For CPU ranks it starts with a CPU rank's environment
