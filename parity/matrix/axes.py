@@ -44,6 +44,7 @@ REJECTIONS = (
     "zero2_prescale", "zero2_predivide", "zero3_prescale", "zero0_bf16_fp32_accum",
     "strict_unmatched_proj", "strict_unmatched_head", "heuristic_unnamed_model", "heuristic_gpt2_family",
     "heuristic_gpt2_vocab_head", "preset_unknown_name", "preset_llama_gqa",
+    "spec_key_gather_outputs", "spec_key_pattern",
     "vocab_two_heads", "vocab_nested_heads", "heuristic_two_heads", "hf_plan_two_heads",
     "user_tp_group_tp_model_init", "user_tp_group_config", "user_tp_group_mpu",
     "tp_model_init_size_conflict", "tp_model_init_dtype_conflict", "tp_model_init_dtype_unchecked",

@@ -266,6 +266,12 @@ ENGINE_VARIANTS = {
     # does not list (it needs head counts). AutoEP's preset_model raises "Unknown preset_model" for the same mistake.
     "preset_unknown_name": EngineVariant({"preset_model": "mistral"}, _llama_named, probe_preset=True),
     "preset_llama_gqa": EngineVariant({"preset_model": "llama_gqa"}, _llama_named, probe_preset=True),
+    # a misspelt key in partition_config, a dict AutoTPConfig.from_dict reads with .get (the rest of the tensor_parallel
+    # section is a pydantic model that refuses extra keys): the head's spec written "gather_outputs" or "pattern"
+    "spec_key_gather_outputs": EngineVariant(_specs({"patterns": [r"lm_head\.weight$"], "partition_type": "column",
+                                                     "gather_outputs": True}), probe_logits=True),
+    "spec_key_pattern": EngineVariant(_specs({"pattern": r"lm_head\.weight$", "partition_type": "column",
+                                              "gather_output": True}), probe_logits=True),
     # two Linears that qualify as the vocab-parallel head (auto_tp._resolve_vocab_parallel_lm_head): a second head
     # named in lm_head_patterns, or a nested one whose last name segment is lm_head; through a partition_config,
     # the heuristic path, or an HF tp_plan
