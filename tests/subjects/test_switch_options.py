@@ -68,7 +68,10 @@ def test_bf16_master_sets_both_keys_and_takes_the_reference_without_a_float32_ma
 
 
 def test_each_switch_case_is_where_deepspeed_reads_the_switch():
-    overlap = [c for c in HEADS if c.values.get("overlap")]
+    overlap = [c for c in HEADS if c.values.get("overlap") and c["vocab"] == 35]
+    # The rest are the gathered head's empty shard, a known crash of the async backward (overlap_comm_empty_head_shard).
+    empty = [c for c in HEADS if c.values.get("overlap") and c["vocab"] != 35]
+    assert empty and all(c.subject == "column_gathered" and "cannot reshape" in c.divergence.raises for c in empty)
     assert {c.subject for c in overlap} == {"column_gathered", "vocab_parallel"}
     assert {(c["dtype"], c["zero"], c["tp"], c["bias"]) for c in overlap} == {
         (d, z, t, b) for d in ("fp32", "bf16") for z in (0, 2) for t in (2, 3) for b in (True, False)}
