@@ -157,8 +157,9 @@ def test_tied_column_gathered_claims_both_replicated_and_still_tied():
     assert {2, 3} <= {c["tp"] for c in cases} and {0, 2} <= {c["zero"] for c in cases}
     assert {"lm_head", "model.lm_head", "output"} <= {c["head"] for c in cases}
     assert {"none", "row", "column"} <= {c["embed_spec"] for c in cases}
+    # Those that train (not the BF16_Optimizer crash on a model left nothing TP-parallel) count no head collective.
     assert all(not c.expect.is_error and dict(c.collectives) == {"all_reduce": 0, "all_gather_into_tensor": 0}
-               for c in cases)
+               for c in cases if not (c.divergence and c.divergence.raises))
     subject = SUBJECTS["tied_column_gathered"]
     for case in cases:
         head, claims = case["head"], subject.claims(case.values)
