@@ -28,7 +28,7 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": NAMED_HEADS,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
+    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None, "clip_key": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
 SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None,
@@ -211,7 +211,9 @@ def rank_decisions(engine, head) -> dict:
                                     if hasattr(engine.optimizer, "ipg_buckets") else None),
              # The dtype ZeRO 0's DP all-reduce casts gradients to (engine.allreduce_bucket), which no bucket shows:
              # a reduction more precise than asked would stay inside a bf16 bound.
-             "communication_data_type": str(engine.communication_data_type)}
+             "communication_data_type": str(engine.communication_data_type),
+             # The clipping norm the engine applies, the config's or DeepSpeed's default.
+             "gradient_clipping": float(engine.gradient_clipping())}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
     # The kv-head count AutoTP read off the model's config (tp_shard.AutoTPMeta): proof the config reached it.
@@ -480,8 +482,9 @@ class EngineHead(Subject):
         cfg = {
             "train_micro_batch_size_per_gpu": train.batch,
             "gradient_accumulation_steps": train.micro_batches,
-            # Explicit: DeepSpeed's default of 1.0 would silently clip cases that ask for none.
-            "gradient_clipping": train.clip,
+            # Explicit: DeepSpeed's default of 1.0 would silently clip cases that ask for none (clip_key "unset"
+            # takes the user's path that leaves the key out).
+            **({} if values.get("clip_key", "set") == "unset" else {"gradient_clipping": train.clip}),
             # ZeRO's default buckets hold 5e8 elements: allocating and zeroing them costs seconds
             # per case on CPU for a model of a few thousand parameters.
             "zero_optimization": {"stage": values["zero"], "reduce_bucket_size": 1_000_000,
@@ -542,6 +545,10 @@ class EngineHead(Subject):
             found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]
+        if values.get("clip_key", "set") == "unset":
+            found["gradient_clipping"] = 1.0  # DeepSpeed 0.19.8's GRADIENT_CLIPPING_DEFAULT, proven applied
+        elif "clip" in values:
+            found["gradient_clipping"] = float(values["clip"])
         if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
@@ -605,6 +612,8 @@ class EngineHead(Subject):
             return "labels shift_labels is held to HF's mean only"
         if values.get("autocast_modules", "default") != "default" and values.get("autocast", "off") == "off":
             return "autocast_modules sets torch_autocast.lower_precision_safe_modules, which needs autocast on"
+        if values.get("clip_key", "set") == "unset" and values.get("clip", 0.0) != 0.0:
+            return "clip_key unset leaves gradient_clipping out of the config: the reference is unclipped (clip 0)"
         return loss_scaling.invalid_reason(values)
 
     # -- what a model family changes in the engine loop (the HF tp_plan subjects override these) --

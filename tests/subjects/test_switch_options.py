@@ -34,9 +34,9 @@ def test_overlap_sets_the_key_only_when_asked_and_must_be_decided_either_way(sub
     # Every case of the two heads, default ones included, is held to the switch and to the autograd function
     # it selects: a true left over from an earlier case would fail the default case's rank_decisions.
     assert SUBJECTS[subject].decided(on) == {"tp_overlap_comm": True, "column_function": "AsyncColumnParallel",
-                                             "torch_autocast": None}
+                                             "torch_autocast": None, "gradient_clipping": 0.0}
     assert SUBJECTS[subject].decided(off) == {"tp_overlap_comm": False, "column_function": "ColumnParallel",
-                                              "torch_autocast": None}
+                                              "torch_autocast": None, "gradient_clipping": 0.0}
     assert SUBJECTS[subject].claims(on) == SUBJECTS[subject].claims(off)  # and the reference is the same
 
 
@@ -48,7 +48,8 @@ def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
     assert subject.ds_config(igu, TRAIN)["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert subject.decided(igu) == {"optimizer": "BF16_Optimizer", "immediate_grad_update": True,
                                     "grad_acc_hooks": True, "tp_overlap_comm": False,
-                                    "column_function": "ColumnParallel", "torch_autocast": None}
+                                    "column_function": "ColumnParallel", "torch_autocast": None,
+                                    "gradient_clipping": 0.0}
     nochk = {**bf16, "grad_accum": "model", "overflow_check": False}
     assert subject.ds_config(nochk, TRAIN)["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)
@@ -65,6 +66,16 @@ def test_bf16_master_sets_both_keys_and_takes_the_reference_without_a_float32_ma
     assert subject.training_spec(on).master is False and subject.training_spec(off).master is True
     assert subject.reference_key(on) != subject.reference_key(off)
     assert not subject.records_master_weights(on) and subject.records_master_weights(off)
+
+
+def test_clip_key_unset_leaves_the_key_out_and_must_find_the_default():
+    unset, written = _values("column_gathered", clip_key="unset"), _values("column_gathered")
+    assert "gradient_clipping" not in SUBJECTS["column_gathered"].ds_config(unset, TRAIN)
+    assert SUBJECTS["column_gathered"].ds_config(written, TRAIN)["gradient_clipping"] == 0.0
+    # What the engine must report on every rank: DeepSpeed's default where the key is left out, else the config's.
+    assert SUBJECTS["column_gathered"].decided(unset)["gradient_clipping"] == 1.0
+    assert SUBJECTS["column_gathered"].decided(written)["gradient_clipping"] == 0.0
+    assert SUBJECTS["column_gathered"].invalid(_values("column_gathered", clip_key="unset", clip=1.0))
 
 
 def test_each_switch_case_is_where_deepspeed_reads_the_switch():
@@ -151,7 +162,7 @@ def test_a_rank_that_ran_the_other_column_function_fails_its_decisions():
         c = _comparison("column_gathered", values)
         for r in range(2):
             o = RankObservations(r, r, 0)
-            o.facts["rank_decisions"] = {**mesh_groups(r, 2, 2), "engine_dp_world": 1,
+            o.facts["rank_decisions"] = {**mesh_groups(r, 2, 2), "engine_dp_world": 1, "gradient_clipping": 0.0,
                                          "column_function": recorded[0], "tp_overlap_comm": recorded[1]}
             c.obs[r] = o
         c.check_rank_decisions()
