@@ -83,7 +83,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("clip", (0.0, 0.05, 1.0), 0.0, lambda v: "noclip" if v == 0 else f"clip{v:g}",
          help="gradient_clipping (max global grad norm); 0 = off", quiet_default=True),
     Axis("clip_key", ("set", "unset"), "set", lambda v: f"clipkey_{v}", quiet_default=True,
-         help="DeepSpeed engine subjects: gradient_clipping written in the config (the clip axis's value, 0 "
+         help="column_gathered: gradient_clipping written in the config (the clip axis's value, 0 "
               "included), or left out, as a user who never asked for clipping writes it: DeepSpeed 0.19.8 then "
               "clips at its default 1.0 (runtime/constants.py), where the plain-torch reference (clip 0) does not"),
     Axis("dp", None, 1, lambda v: f"dp{v}", quiet_default=True),

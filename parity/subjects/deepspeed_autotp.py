@@ -28,7 +28,7 @@ from references.trajectory import step_num_items, trainer_objective
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": NAMED_HEADS,
     "ignore": None, "zero": None, "gas": None, "tp": None, "dp": None, "grain": None, "clip": None,
-    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None, "clip_key": None,
+    "device": None, "dp_reduce": None, "grad_accum": None, "autocast": None,
 }
 # tensor_parallel.tp_overlap_comm and the bf16 section's switches (issue 13): on the two column heads only.
 SWITCH_AXES = {"overlap": None, "immediate_grad": None, "overflow_check": None, "bf16_master": None, "keep_on_host": None,
@@ -818,7 +818,9 @@ class ColumnGatheredHead(EngineHead):
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": ENGINE_IGNORE_INDEX, "process": None, "use_default_specs": None,
             "grad_allreduce": None, "dist_debug": None, "save": None, **SWITCH_AXES, "model_init": None, "labels": None,
-            **AUTOCAST_MODULES_AXES}
+            **AUTOCAST_MODULES_AXES,
+            # The config default is the engine's, not the head's: one subject takes it (its mark binds clip_key alone).
+            "clip_key": None}
 
     def tensor_parallel_config(self, values):
         head = values["head"]
