@@ -92,8 +92,21 @@ def run_case(seq: int, subject_name: str, values: dict, ctx) -> tuple[str, objec
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the judge
         # A subject may attach what it saw on the way out (the model's state after a refused setup).
         facts = getattr(exc, "parity_facts", None)
-        return "error", {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
+        return "error", {"type": type(exc).__name__, "message": error_message(exc), "traceback": traceback.format_exc(),
                          "facts": facts if isinstance(facts, dict) else {}}
+
+
+def error_message(exc: BaseException) -> str:
+    """The exception's text, or, for a bare ``assert`` (an empty message), the statement that failed and where: a
+    verdict saying only "AssertionError:" names nothing a reader or a crash mark could tell apart."""
+    if str(exc):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not frames[-1].line:
+        return ""
+    last = frames[-1]
+    where = "/".join(last.filename.split("/")[-3:])
+    return f"{last.line.strip()} ({where}:{last.lineno})"
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:

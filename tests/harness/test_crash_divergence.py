@@ -54,3 +54,22 @@ def test_bad_raises_names_file_and_key(tmp_path):
     with pytest.raises(CaseFileError) as err:
         case(tmp_path, raises='"out of bounds"')
     assert err.value.key == "matrix[0].known_divergence.raises" and "ExceptionType: message" in err.value.allowed
+
+
+def test_a_bare_assert_is_named_by_its_statement(tmp_path):
+    """An assert without a message (DeepSpeed's ZeRO 3 defragment on an all-empty TP rank) reaches the verdict as the
+    statement and its place, which a reader and a crash mark can tell apart from any other AssertionError."""
+    from parity.harness.rank_worker import error_message
+
+    # Compiled here, not in this module: pytest rewrites a test module's asserts to carry a message.
+    source = tmp_path / "zero" / "utils.py"
+    source.parent.mkdir()
+    source.write_text("def defragment(tensors):\n    assert len(set(t for t in tensors)) == 1\n")
+    namespace = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    try:
+        namespace["defragment"]([])
+    except AssertionError as exc:
+        message = error_message(exc)
+    assert message.endswith("assert len(set(t for t in tensors)) == 1 (" + f"{tmp_path.name}/zero/utils.py:2)"), message
+    assert error_message(ValueError("kept as it was")) == "kept as it was"
