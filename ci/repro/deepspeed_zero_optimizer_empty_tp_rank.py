@@ -16,6 +16,8 @@ model-parallel all-reduce only where the rank has a gradient to measure (fp16/un
 ``if len(grads_for_norm) > 0: get_weight_norm(...)``): TP rank 1 skips it and finishes its step while TP rank 0
 waits in it, then loses its peer. Over more steps the ranks' collectives pair up wrongly (in the suite's two-step
 case gloo sees 12 bytes where 4 were expected and aborts TP rank 0; a pairing of equal sizes would pass unnoticed).
+ZeRO 3 (``--zero 3``): the stage 3 optimizer's construction defragments the rank's empty set of partitions and
+fails a bare ``assert len(set(t.dtype for t in tensors)) == 1`` (zero/utils.py:218) inside deepspeed.initialize.
 Related: an empty shard among non-empty ones trains under
 ZeRO 1/2 (the gathered head's empty vocabulary shard, cases/deepspeed_heads.toml); BF16_Optimizer and ZeRO 3 fail
 on any empty shard (deepspeed_bf16_optimizer_empty_row_shard.py, deepspeed_zero3_empty_row_shard.py).
@@ -23,6 +25,7 @@ on any empty shard (deepspeed_bf16_optimizer_empty_row_shard.py, deepspeed_zero3
 Run (CPU, about 20 s):
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py            # ZeRO 1, fp32: IndexError on TP rank 1
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --zero 2   # the same
+  python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --zero 3   # ZeRO 3: a bare assert in zero/utils.py defragment
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --zero 0   # fp32 ZeRO 0: a step on both ranks
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --bf16-optimizer  # BF16_Optimizer: ValueError (torch.cat)
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --dtype bf16 --zero 0  # TP rank 0 lost in the norm's all-reduce
@@ -75,10 +78,14 @@ def rank_main(rank, result):
     try:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           optimizer=lambda p: torch.optim.SGD(p, lr=0.05), config=config)
-    except (IndexError, ValueError) as exc:
+    except (IndexError, ValueError, AssertionError) as exc:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        first = str(exc).splitlines()[0][:100] if str(exc) else ""
+        # ZeRO 3's is a bare assert: name its statement
+        first = str(exc).splitlines()[0][:100] if str(exc) else traceback.extract_tb(exc.__traceback__)[-1].line
         result[rank] = f"initialize raised {type(exc).__name__}: {first} (the model already converted: {shapes})"
+        return
+    except RuntimeError as exc:  # ZeRO 3: the other rank's initialize waits in a collective with the failed one
+        result[rank] = f"initialize raised RuntimeError (its peer gone): {str(exc).splitlines()[0][:90]}"
         return
     ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
     try:
