@@ -423,6 +423,11 @@ def BF16_SWITCHES(values: dict) -> dict:
     return found
 
 
+def clip_left_out(values: dict) -> bool:
+    """clip_key "unset": the case writes no gradient_clipping, so DeepSpeed's default applies."""
+    return values.get("clip_key", "set") == "unset"
+
+
 def switch_decisions(values: dict) -> dict:
     """What the overlap and bf16 switch axes must make DeepSpeed decide on every rank, read back from DeepSpeed
     (rank_decisions): a switch that is parsed but never reaches the layer or the optimizer would otherwise pass
@@ -484,7 +489,7 @@ class EngineHead(Subject):
             "gradient_accumulation_steps": train.micro_batches,
             # Explicit: DeepSpeed's default of 1.0 would silently clip cases that ask for none (clip_key "unset"
             # takes the user's path that leaves the key out).
-            **({} if values.get("clip_key", "set") == "unset" else {"gradient_clipping": train.clip}),
+            **({} if clip_left_out(values) else {"gradient_clipping": train.clip}),
             # ZeRO's default buckets hold 5e8 elements: allocating and zeroing them costs seconds
             # per case on CPU for a model of a few thousand parameters.
             "zero_optimization": {"stage": values["zero"], "reduce_bucket_size": 1_000_000,
@@ -545,7 +550,7 @@ class EngineHead(Subject):
             found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]
-        if values.get("clip_key", "set") == "unset":
+        if clip_left_out(values):
             found["gradient_clipping"] = 1.0  # DeepSpeed 0.19.8's GRADIENT_CLIPPING_DEFAULT, proven applied
         elif "clip" in values:
             found["gradient_clipping"] = float(values["clip"])
@@ -612,7 +617,7 @@ class EngineHead(Subject):
             return "labels shift_labels is held to HF's mean only"
         if values.get("autocast_modules", "default") != "default" and values.get("autocast", "off") == "off":
             return "autocast_modules sets torch_autocast.lower_precision_safe_modules, which needs autocast on"
-        if values.get("clip_key", "set") == "unset" and values.get("clip", 0.0) != 0.0:
+        if clip_left_out(values) and values.get("clip", 0.0) != 0.0:
             return "clip_key unset leaves gradient_clipping out of the config: the reference is unclipped (clip 0)"
         return loss_scaling.invalid_reason(values)
 

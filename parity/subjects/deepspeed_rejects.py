@@ -154,6 +154,11 @@ def _llama_named(spec):
     return _seeded(lambda: TinyLlamaModel(dataclasses.replace(spec, blocks=2)))
 
 
+def _probe_ids(spec, seed: int = SEED) -> torch.Tensor:
+    """The batch an accepted setup is probed with: two rows of six token ids."""
+    return torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(seed))
+
+
 def _plain(spec):
     return build_model(spec, SEED, torch.float32)
 
@@ -470,11 +475,11 @@ class DeepSpeedRejection(Subject):
         try:
             if user_tp is not None:
                 self._probe_user_groups(engine, model, spec, ctx, user_tp, variant.dp, before)
+            if variant.probe_preset or variant.probe_logits:
+                with torch.no_grad():
+                    _, logits = engine(input_ids=_probe_ids(spec).to(ctx.device))
             if variant.probe_preset:
                 specs = engine._config.tensor_parallel_config.get_partition_config_object()
-                ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
-                with torch.no_grad():
-                    engine(input_ids=ids.to(ctx.device))
                 o_proj = type(engine.module.layers[0].self_attn.o_proj).__name__
                 raise AssertionError(
                     f"accepted: preset_model {variant.tp_config['preset_model']!r} gave "
@@ -482,9 +487,6 @@ class DeepSpeedRejection(Subject):
                     f"engine took AutoTP's heuristic parser (layers.0.self_attn.o_proj became {o_proj}) and the "
                     f"first forward ran")
             if variant.probe_logits:
-                ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
-                with torch.no_grad():
-                    _, logits = engine(input_ids=ids.to(ctx.device))
                 raise AssertionError(f"accepted: the model got logits of shape {tuple(logits.shape)} for a "
                                      f"vocabulary of {spec.vocab} ({type(engine.module.lm_head).__name__})")
             if variant.compile_eager:
@@ -503,7 +505,7 @@ class DeepSpeedRejection(Subject):
 
         engine.compile()
         before = _engine_state(model)
-        ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED))
+        ids = _probe_ids(spec)
         saved, torch._dynamo.config.disable = torch._dynamo.config.disable, True
         try:
             _, logits = engine(input_ids=ids.to(ctx.device))
@@ -525,7 +527,7 @@ class DeepSpeedRejection(Subject):
         used = (f"user's TP group {members(user_tp)}; lm_head sharded over {members(engine.module.lm_head.mp_group)}, "
                 f"DeepSpeed's TP group {members(groups.get_tensor_model_parallel_group())}, engine DP group "
                 f"{members(engine.seq_data_parallel_group)}")
-        ids = torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(SEED + ctx.rank % dp))
+        ids = _probe_ids(spec, SEED + ctx.rank % dp)
         try:
             loss, _ = engine(input_ids=ids.to(ctx.device), labels=ids.to(ctx.device))
             engine.backward(loss)
