@@ -138,9 +138,9 @@ class Comparison:
 
     def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, shared=None, rounded_at=None,
               **where) -> None:
-        """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error (tolerances "A
-        row's shared rounding"), its RMS added to the RMS bound. ``rounded_at``: per entry of oracle, an
-        intermediate a valid evaluation rounds (tolerances "A biased head's product")."""
+        """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error
+        (docs/tolerances.md#a-rows-shared-rounding), its RMS added to the RMS bound. ``rounded_at``: per entry
+        of oracle, an intermediate a valid evaluation rounds (docs/tolerances.md#a-biased-heads-product)."""
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
@@ -462,7 +462,7 @@ class Comparison:
             self.check_head_grad_stage(where, logits, ref_dz, orc_dz, weight_name, noisy_dz, rows)
         # A head sharded along the vocabulary forms its input gradient as each shard's dz W partial
         # product, rounded, then summed by the all-reduce: those partials are values it rounds
-        # (tolerances "A sharded head's partial products").
+        # (docs/tolerances.md#a-sharded-heads-partial-products).
         products = None
         if weights is not None and self.tp > 1 and self.claims.param_shards.get(weight_name) == 0:
             parts = [shard_slice(weights[0].shape[0], self.tp, r, self.grain, self.split) for r in range(self.tp)]
@@ -538,8 +538,8 @@ class Comparison:
                     continue
                 ref = stages.logits_from_head_input(x, weights[i], bias, DTYPES[self.stage_dtype]).reshape(shape)
                 orc = stages.logits_from_head_input(x, weights[i], bias, torch.float64).reshape(shape)
-                # x @ w.T rounded before the bias is added is plain PyTorch too (tolerances "A biased
-                # head's product"): the product is a value such an evaluation rounds.
+                # x @ w.T rounded before the bias is added is plain PyTorch too
+                # (docs/tolerances.md#a-biased-heads-product): the product is a value such an evaluation rounds.
                 product = (None if bias is None else
                            stages.logits_from_head_input(x, weights[i], None, torch.float64).reshape(shape))
                 if dim is not None:
@@ -618,9 +618,8 @@ class Comparison:
                     shared_view = self._param_view(name, shared, rank, self.reference)
 
                     # The stage's own rounding samples (the CE stage and this sum rerun with every rounding
-                    # moved by up to a unit), for a small or cancelling tensor that misses (judge_close):
-                    # a one-entry bias shard sums p - onehot over tokens (parity explore --seed 8: vocab 3
-                    # over tp 3, grad[lm_head.bias][stage] at 1.27x of the stage reference's one rounding).
+                    # moved by up to a unit), for a small or cancelling tensor that misses (judge_close;
+                    # docs/tolerances.md#stage-local-oracles).
                     def sampled(items=items, xs=xs, index=index, name=name, rank=rank, orc_view=orc_view):
                         errors = []
                         for seed in range(ROUNDING_SAMPLES):
@@ -709,11 +708,8 @@ class Comparison:
                 oracle_moves = bool((orc_g != 0).any())
                 if got_g is not None:
                     moves = bool((got_g != 0).any())
-                    # All zeros where the oracle's gradient is a cancelling sum smaller than the rounding
-                    # the case dtype allows it: the grad check's own bound admits zero there, and a correct
-                    # low-precision run can cancel exactly (parity explore --seed 2: a spec'd embedding's
-                    # row proj in bf16, vocabulary 2, hidden 2, whose oracle gradient is 1e-5 of terms
-                    # 1e-3; the bf16 reference's is 50% off it). Zero must then pass that bound itself.
+                    # All zeros pass where zero itself passes the grad check's bound: a correct low-precision
+                    # run can cancel a tiny oracle gradient exactly (docs/tolerances.md#nonzero-gradients).
                     unresolved = (oracle_moves and not moves and got_g.shape == orc_g.shape
                                   and judge_close(np.zeros_like(orc_g), ref_g, orc_g, self.floor_dtype("grad")).passed)
                     self.add(f"grad_nonzero[{name}]", moves == oracle_moves or unresolved, step=step, rank=rank,
@@ -741,19 +737,10 @@ class Comparison:
                            sampled=self.sampled_error("grad_norm", step, None, None, None), step=step, rank=rank)
 
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
-        """A weight must move when the gradient is nonzero and stay put when it is zero. An update
-        smaller than half a unit of the weight's dtype (tiny after clipping in bf16) rounds away in
-        the reference at that dtype too; then only 'no movement without gradient' is required.
-
-        In bf16/fp16 such an update moves a weight only when its float32 master crosses a rounding
-        midpoint, and on which step that happens is the master's last bits, which two correct runs
-        need not share (parity explore: a one-entry bias shard's master crossed one step before the
-        reference's; both held the same weight after the next step). So a step the reference moved
-        on may be met one step early (an entry the reference moved already holds its new value on
-        the rank) or one step late (moves that way on the next step, to the reference's value after
-        it; on the last step, which has no next, where every entry the reference moved is such a
-        crossing: only_crossings). A weight that never moves, or skipped an update and stays one
-        behind, meets none of these."""
+        """A weight must move when the gradient is nonzero and stay put when it is zero. A step the
+        reference moved on may be met one step early or late where the move is a rounding-midpoint
+        crossing of the float32 master, or by the master itself moving
+        (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
         moved = bool((got_w != prev).any())
         ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
                                    self.reference)
@@ -787,9 +774,8 @@ class Comparison:
 
     def master_moved(self, name, step, rank) -> bool:
         """bf16/fp16 with a float32 master the rank records: did this step update the master? There the
-        update is visible whatever the weight's last bits do (parity explore: column_gathered bf16
-        vocab 2, hidden 2, dp 2: proj.weight's masters crossed a midpoint two steps after the
-        reference's, each within master_weight's bound). A skipped update leaves the master too."""
+        update is visible whatever the weight's last bits do; a skipped update leaves the master too
+        (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
         o = self.obs[rank]
         now = o.get("master_weight", step, None, name)
         before = o.get("master_weight", step - 1, None, name) if step > 0 else o.get("weight", -1, None, name)
@@ -853,14 +839,9 @@ class Comparison:
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         if not getattr(self.train, "master", True) and self.dtype in ("bf16", "fp16") and not clipped:
-            # No float32 master (TrainingSpec.master False): the weight is what the update itself produced, so it
-            # is torch.optim.SGD's p.add_(g, alpha=-lr) on the low-precision values, bitwise; a float32 master
-            # underneath would carry sub-unit updates the identity then misses.
-            # torch's CPU kernel for that add rounds alpha to the low precision and then takes one of two paths by
-            # where the element sits: its vectorised body computes w + alpha * g in float32 and rounds once, its scalar
-            # tail rounds the product to the low precision first. Measured on 4096 bf16 elements at lr 0.03, 0.05, 0.1:
-            # each formula below matches its path bitwise, and 285-556 elements differ between them; a ZeRO partition
-            # is one flat tensor, so the same parameter's elements can fall on either path. Either is that operation.
+            # No float32 master (TrainingSpec.master False): the weight is torch.optim.SGD's p.add_(g, alpha=-lr) on
+            # the low-precision values, bitwise, by either of torch's two CPU kernel paths (vectorised body: one
+            # rounding; scalar tail: the product rounded first; docs/tolerances.md#the-sgd-identity).
             low = {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
             w, g = (torch.from_numpy(a).to(low).float() for a in (prev, grad))
             alpha = torch.tensor(-lr, dtype=torch.float32).to(low).float()

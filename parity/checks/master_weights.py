@@ -1,12 +1,8 @@
 """A low-precision case's float32 master weights, after every update, against the reference's.
 
-The model's bf16/fp16 weights are what the weight[...] checks see; the update itself happens on the
-optimizer's float32 copy, and a master that loses precision (rounded to the model dtype, updated in
-it) moves the model weights by less than their own rounding unit: invisible there for many steps.
-The subject records the master ("master_weight" records, Subject.records_master_weights), the
-reference its SGD master (references/sgd.py); the float64 oracle has no master, its weights are the
-exact values a master approximates. Bound: tolerances.master_weight_bound (and, on a miss, the
-rounding samples: tolerances.master_weight_sampled_bound).
+A master that loses precision moves the bf16/fp16 model weights by less than their rounding unit, so
+it is checked itself: the subject's "master_weight" records against the reference's SGD master, with
+tolerances.master_weight_bound (on a miss, master_weight_sampled_bound; docs/tolerances.md#master-weights).
 """
 from __future__ import annotations
 
@@ -34,9 +30,8 @@ def master_weight_checks(comparison) -> list[dict]:
                 got = o.get("master_weight", step, None, name)
                 where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
                 if got is None and orc.size == 0:
-                    # An empty shard (a row head's hidden 2 over tp 2 with grain 2: 2, 0; DeepSpeed accepts it)
-                    # has no float32 master to hand out: DeepSpeed's optimizers keep none for a parameter of
-                    # no elements (parity explore --seed 9). Vacuous, as the other checks treat empty arrays.
+                    # An empty shard has no float32 master to hand out (DeepSpeed keeps none): vacuous, as the
+                    # other checks treat empty arrays (docs/tolerances.md#master-weights).
                     out.append({**where, "passed": True, "detail": "empty shard: no master to hold"})
                     continue
                 if got is None or got.shape != orc.shape:

@@ -1,21 +1,10 @@
 """Planted numerical errors on one rank's observations, for measuring what the checks can detect.
 
-`parity sensitivity` (parity/sensitivity.py) runs a case once, then perturbs the recorded
-observations of one rank here, in the parent, and judges them again with the same checks: no rank
-code changes, and every perturbation of a case reuses one rank run.
-
-Perturbation modes, each with a relative size eps:
-- "scale": every recorded tensor of the observable, x -> (1 + eps) x. A systematic loss of
-  precision or a wrong constant factor.
-- "element": one element of the first recorded tensor, x_i -> (1 - eps) x_i, at the element of
-  median magnitude (a typical entry, not the largest: small entries must not hide under it).
-  eps = 2 flips its sign.
-- "shard": the block of the last dimension one TP shard owns (this rank's own block of a sharded
-  record, the partition formula's block of a full one), every recorded tensor, x -> (1 - eps) x.
-  eps = 2 is one shard computed with the wrong sign.
-
-Observables group record kinds by what they are, across subject families (a loss-only subject's
-logits gradient is its "head input gradient": the gradient that leaves the stage under test).
+`parity sensitivity` (parity/sensitivity.py) perturbs one rank's recorded observations in the parent
+and judges them again with the same checks. Modes, each with a relative size eps: "scale" (every
+tensor of the observable, x -> (1 + eps) x), "element" (the first tensor's median-magnitude element,
+x_i -> (1 - eps) x_i) and "shard" (one TP shard's block, x -> (1 - eps) x); eps = 2 flips a sign.
+Details: docs/tolerances.md#sensitivity-targets-and-planted-errors.
 """
 from __future__ import annotations
 

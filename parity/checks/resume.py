@@ -1,17 +1,7 @@
-"""Universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): what a resumed rank holds against what
-the saving ranks held, and the run trained on against the uninterrupted reference.
-
-Plain PyTorch restores a checkpoint exactly, so every resumed tensor (the model weight, its float32 master and
-AdamW's two moments) must be bitwise the saved layout's TP shards concatenated (data-parallel replica 0, each a
-TP-local tensor DeepSpeed's safe_get_full_* API gathered over ZeRO's partitions) and re-sliced for the resumed
-rank by the suite's own partition formula (parity.observe.partition, through Comparison._param_view's _take).
-The weights after the resume and every step after it, and every micro-batch loss after it, are held to the
-uninterrupted reference within the usual bounds (Comparison.close).
-
-One absence is not a loss: ZeRO 1/2 keep no float32 master or moments for a zero-element parameter (the row head's
-empty hidden shard, hidden 2 over tp 4), so safe_get_full_* hands back None there. Such a shard holds nothing to
-restore (plain torch's AdamW keeps empty tensors for it, equally nothing), so None is accepted for exactly that: an
-optimizer state, not the weight, where the saved slice has no element. Anything else missing still fails.
+"""Universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): every resumed tensor must be
+bitwise the saved layout's TP shards concatenated and re-sliced by the suite's own partition formula, and
+the run after the resume is held to the uninterrupted reference within the usual bounds. A missing
+optimizer state of a zero-element shard is accepted (docs/tolerances.md#universal-checkpoint-resumes).
 """
 from __future__ import annotations
 

@@ -1,38 +1,10 @@
 """Rounding samples: the case-dtype reference rerun with other, equally valid roundings.
 
-The bound's first term (parity.checks.tolerances) is a multiple of the error the unsharded reference
-at the case dtype makes. That error is one sample: on a tensor of a few elements whose entries are
-cancelling sums (vocab 2-4, hidden 2: a bias gradient is a sum over tokens of p - onehot terms
-that nearly cancel; the head-input gradient of a 2-row head is w0 d0 + w1 d1 with d1 ~ -d0), the
-reference may round close to exactly, while any other evaluation order (a sharded run's partial
-sums, rounded before the all-reduce) makes errors relative to the sum's terms, many times larger
-than relative to the result. Neither max|oracle| (the floor) nor the reference's single error then
-measures the rounding error the computation allows.
-
-Monte Carlo arithmetic (Parker, Pierce & Eggert, "Monte Carlo arithmetic", Comput. Sci. Eng. 2(4),
-2000; the idea behind Verificarlo) measures it: rerun the same computation with every rounding
-replaced by a random one of the same size and look at the spread. Here the case-dtype reference runs
-ROUNDING_SAMPLES more times under a dispatch mode that moves the result of every rounding op by a
-factor (1 + u r), r uniform in [-1, 1] and u the unit roundoff of that op's own output dtype
-(float32 inside a bf16 run's CE and master weights, bf16 for its GEMM outputs), in float64, then
-rounds it back to that dtype: the result stays or goes to a neighbouring representable number, an
-error of at most one unit in the last place, as another rounding of the same value could make. A
-perturbed input of a sum carries its perturbation into the sum in proportion to its own size, so a
-cancelling sum's spread is relative to its terms, as a sharded run's error is. Ops that do not round
-(views, copies, indexing, comparisons, widening casts, max/where/neg) are left alone; an op missing
-from ROUNDING_OPS only makes the spread smaller, so the bound is never wider than the samples say.
-An op listed that happens to be exact (a product with 1, a division by a power of two) is moved too,
-and a move goes up to a whole unit in the last place where round-to-nearest errs by half of one: the
-samples err on the wide side, by about a factor two, which is what the tiny cases measured (correct
-subjects at 0.05-0.2 of the sampled bound).
-
-What the reference makes inside ``references.seeding.exact_inputs()`` (initial weights, logits,
-hidden states, targets: the values the subject receives exactly) is left alone: moving the float32
-draw's cast to bf16 sampled an error no correct subject can make, and widened the bf16 loss-only
-cases' loss bound to about 0.018 where float32 arithmetic allows 2e-6 (the mutation check found it:
-DeepSpeed's CE with its exp-sums all-reduced in bf16, 9e-4 off, survived on ds_vocab_ce).
-
-The samples are seeded (sample i uses seed i): the same case gets the same spread every time.
+Monte Carlo arithmetic: under RoundingNoise every rounding op's result moves by a factor (1 + u r), r
+uniform in [-1, 1] and u its output dtype's unit roundoff, and is rounded back; the spread of the reruns'
+errors measures the rounding error the computation allows where the reference's single error does not
+(a cancelling sum). The reference's exact inputs are left alone; sample i uses seed i.
+Why, and what it was measured against: docs/tolerances.md#rounding-samples.
 """
 from __future__ import annotations
 
@@ -120,8 +92,8 @@ class RoundingNoise(TorchDispatchMode):
         return type(out)([moved, *out[1:]]) if isinstance(out, (tuple, list)) else moved
 
 
-# The oracle has no float32 master: its weights are the exact values a master approximates
-# (parity/checks/master_weights.py), so a rerun's master is measured against them.
+# The oracle has no float32 master: a rerun's master is measured against its weights
+# (docs/tolerances.md#master-weights).
 ORACLE_KIND = {"master_weight": "weight"}
 
 

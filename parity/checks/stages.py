@@ -1,32 +1,10 @@
 """Stage-local oracles: one stage of a training step re-evaluated on the subject's own inputs to it.
 
-An end-to-end comparison inherits every rounding upstream of the quantity compared (after a few
-SGD steps in bf16 the subject's weights, and so its logits, differ from the reference's by many
-roundings), so its bound must allow for them and a small error made in the stage itself hides
-under them. Here the subject's recorded stage inputs are taken as exact, and the stage is done
-twice by the reference's code (references/loss.py: plain torch, no framework under test): at the
-case dtype, as an unsharded user's run would do it, and in float64 (the stage oracle). The
-subject's stage output is then held to the stage reference's own error on those very inputs.
-
-Stages:
-- head input, head weight (and bias) -> logits: one case-dtype Linear (nn.Linear's forward: the
-  product accumulated in float32 on CPU, rounded once to the case dtype).
-- logits, targets -> loss (the CE computes in float32 from upcast logits: floor float32).
-- logits, targets, head weight -> head-input gradient: the CE's logits gradient at the case dtype,
-  times the head weight (Linear's backward, a case-dtype matmul).
-- logits, targets, head input -> head weight and bias gradient of a step: per micro-batch the CE's
-  logits gradient at the case dtype times the head input (dz^T x, a case-dtype matmul; the bias's
-  dz summed over tokens), accumulated over the step's micro-batches in the case dtype as autograd
-  accumulates p.grad in the parameter's dtype. A subject that accumulates in float32 (DeepSpeed's
-  bf16 optimizer) rounds less than this, never more.
-- an embedding's lookup, its targets -> its squared-error loss (references/embedding_lookup.py: the
-  lookup_loss of the subject's own recorded lookup, computed in float32 as the reference does).
-- gradient -> SGD update is parity.checks.compare's sgd_update (w' = w - lr g on the rank's own
-  values).
-
-The stage's inputs are exact (``exact_inputs``), so its rounding samples (sampled_logits_grads,
-sampled_head_param_grads: the stage rerun under parity.checks.rounding's RoundingNoise) move only its
-own roundings; the head-gradient stage takes them where a small or cancelling tensor misses.
+The subject's recorded stage inputs are taken as exact and the stage is done twice by the reference's
+code, at the case dtype and in float64; the subject's stage output is then held to the stage
+reference's own error, with no upstream rounding inherited. Stages: head input -> logits, logits ->
+loss, logits -> head-input gradient, logits and head input -> head weight and bias gradient, an
+embedding's lookup -> its loss. Why, and each stage's arithmetic: docs/tolerances.md#stage-local-oracles.
 """
 from __future__ import annotations
 
@@ -90,7 +68,7 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
 def partial_products_magnitude(dz: torch.Tensor, weight: np.ndarray, parts: list) -> np.ndarray:
     """sum over the vocabulary shards ``parts`` (slices) of |dz[:, part] @ weight[part]|, in float64: the
     magnitudes of the partial products a vocabulary-sharded head's input gradient rounds before its
-    all-reduce adds them (tolerances "A sharded head's partial products"). dz [N, V], weight [V, H]."""
+    all-reduce adds them (docs/tolerances.md#a-sharded-heads-partial-products). dz [N, V], weight [V, H]."""
     dz, w = dz.double(), torch.from_numpy(weight).double()
     return sum((dz[:, part] @ w[part]).abs() for part in parts).numpy()
 
@@ -133,7 +111,7 @@ def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
 
 def shared_rounding_weights(logits: np.ndarray, dz64: torch.Tensor, u: float) -> np.ndarray:
     """[N, V]: each logits-gradient entry's share of its token's row-shared log-sum-exp rounding
-    (tolerances "A row's shared rounding"): p_tv s_t e_t, from the logits [..., V] the stage ran on and
+    (docs/tolerances.md#a-rows-shared-rounding): p_tv s_t e_t, from the logits [..., V] the stage ran on and
     its float64 logits gradient dz64 [N, V] = (p - onehot) s_t (s_t the token's loss scale, 0 if ignored)."""
     from parity.checks.tolerances import lse_shared_error
 
