@@ -139,16 +139,23 @@ def trainer_objective(loss: torch.Tensor, train: "TrainingSpec", reduction: str)
 AUTOCAST_FLOOR_KINDS = ("logits", "loss", "head_input", "head_input_grad", "grad")
 
 
+def _tiny_lm_forward(model, batch: dict, num_items: int):
+    return model(**batch, num_items_in_batch=num_items)
+
+
 def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torch.dtype,
-                    compute_dtype: torch.dtype | None = None, autocast: torch.dtype | None = None) -> Trajectory:
+                    compute_dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
+                    build=None, forward=_tiny_lm_forward, capture=capture_head_input_and_grad) -> Trajectory:
     """Run the reference from the case's initial weights (drawn at ``case_dtype``) in ``compute_dtype``
     (default: the case dtype). float64 gives the oracle: same start, no rounding after it, no autocast.
-    ``autocast``: the forward under torch.autocast at that dtype (module docstring)."""
+    ``autocast``: the forward under torch.autocast at that dtype (module docstring). Another model than the
+    tiny LM: ``build(case_dtype)`` makes it, ``forward(model, batch, num_items)`` gives (loss, logits) and
+    ``capture(model, sink)`` hooks its head's input and that input's gradient."""
     dtype = compute_dtype or case_dtype
     requested_autocast = autocast  # what the oracle's skips are read from
     if dtype == torch.float64:
         autocast = None
-    model = build_model(model_spec, train.seed, case_dtype).to(dtype)
+    model = (build_model(model_spec, train.seed, case_dtype) if build is None else build(case_dtype)).to(dtype)
     low_precision = dtype in (torch.bfloat16, torch.float16)
     params = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
     masters = low_precision and train.master
@@ -164,7 +171,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         traj.put("weight", -1, None, None, name, p)
 
     captured = {}
-    capture_head_input_and_grad(model, captured)
+    capture(model, captured)
 
     scaled = train.loss_scale is not None and (low_precision or autocast is not None)
     scaler = ScalerState(train.loss_scale) if scaled else None
@@ -186,7 +193,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
             model.zero_grad(set_to_none=True)
             for micro, batch in enumerate(batches):
                 with (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()):
-                    loss, logits = model(**batch, num_items_in_batch=num_items)
+                    loss, logits = forward(model, batch, num_items)
                 objective = trainer_objective(loss, train, model_spec.reduction)
                 (objective if scaler is None else objective * scale).backward()
                 traj.put("logits", step, micro, dp_rank, None, logits)

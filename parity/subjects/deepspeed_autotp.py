@@ -19,11 +19,12 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
 import parity.subjects.loss_scaling as loss_scaling  # the module, not the package: no import cycle
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.driver import attribute, record_structure
 from parity.observe.dtypes import DTYPES
 from references.model_config import hf_like_config, text_kv_heads
 from references.tiny_lm import build_model, capture_head_input_and_grad
-from references.trajectory import step_num_items, trainer_objective
 
 COMMON_AXES = {
     "dtype": None, "reduction": None, "vocab": None, "hidden": None, "bias": None, "head": NAMED_HEADS,
@@ -166,12 +167,6 @@ def deepspeed_process_state() -> dict:
 CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_module_on_host": False,
                "tp_group_installed": False, "tp_model_init_recorded": False, "torch_autocast_initialized": False,
                "torch_autocast_dtype": "None"}
-
-
-def _attribute(root, path: str):
-    for part in path.split("."):
-        root = getattr(root, part, None)
-    return root
 
 
 def rank_decisions(engine, head) -> dict:
@@ -475,7 +470,8 @@ def column_function(logits) -> str | None:
 
 
 class EngineHead(Subject):
-    """Shared engine loop; subclasses say how the head is selected and what it must become."""
+    """deepspeed.initialize on the user's model, trained by the driver through the engine (EngineUpdate);
+    subclasses say how the head is selected and what it must become."""
     framework = "deepspeed"
 
     axes = COMMON_AXES
@@ -708,7 +704,6 @@ class EngineHead(Subject):
 
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         import deepspeed
-        from deepspeed.utils import safe_get_full_grad
 
         setup_deepspeed(ctx)
         tp = values["tp"]
@@ -729,87 +724,101 @@ class EngineHead(Subject):
                                               optimizer=lambda p: torch.optim.SGD(p, lr=train.lr),
                                               config=config)
             try:
-                obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
-                                             for path in self.claims(values).module_types}
-                obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b) is not None
-                                              for a, b in self.claims(values).shared_params}
-                obs.facts["rank_decisions"] = {**rank_decisions(engine, _attribute(model, values.get("head", "lm_head"))),
+                record_structure(obs, model, self.claims(values))
+                obs.facts["rank_decisions"] = {**rank_decisions(engine, attribute(model, values.get("head", "lm_head"))),
                                                **merged_tp_model_init(values, config)}
-                params = dict(model.named_parameters())
-                record_weights(obs, -1, params, values["zero"])
                 captured = {}
                 self.capture_head_input(model, captured)
-                backends, comm = {}, {}
                 exclude_engine_reduction(engine)
-                # fp16 dynamic scaling: the gradients DeepSpeed holds until step() are the loss scale times the
-                # user's (its step unscales them); the records divide it back out (a power of two: exact), and
-                # each step's scale and skip decision go to rank_decisions.
-                scaled = loss_scaling.setting(values) is not None
-                # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
-                amp_scaler = loss_scaling.autocast_scaler(engine) if values.get("autocast") == "fp16" else None
-                scales, skipped = [], []
-                for step in range(train.steps):
-                    scale = (loss_scaling.current_scale(engine) if scaled else
-                             float(amp_scaler.get_scale()) if amp_scaler is not None else 1.0)
-                    batches = [{k: t.to(ctx.device) for k, t in b.items()}
-                               for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                    num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-                    for micro, batch in enumerate(batches):
-                        before = len(backend_log)
-                        # Collectives of the head and loss, forward and backward, this micro-batch
-                        # (parity/observe/collectives.py); the engine's gradient reduction is not counted.
-                        with collectives.recording() as counts:
-                            loss, logits = self.forward(engine, batch, num_items, spec)
-                            if step == 0 and micro == 0:
-                                obs.facts["rank_decisions"]["column_function"] = column_function(logits)
-                            backends[(step, micro)] = backend_log[before:]
-                            obs.record("logits", step, micro, None, logits)
-                            obs.record("loss", step, micro, None, loss)
-                            # As the HF Trainer drives DeepSpeed: its own loss scaling
-                            # (references/trajectory.py trainer_objective), the engine's 1/GAS off.
-                            engine.backward(trainer_objective(loss, train, spec.reduction), scale_wrt_gas=False)
-                        comm[(step, micro)] = dict(counts)
-                        obs.record("head_input", step, micro, None, captured.pop("x"))
-                        obs.record("head_input_grad", step, micro, None, captured.pop("h"), unscale=scale)
-                        if engine.is_gradient_accumulation_boundary():
-                            # The gradient the update will use: only readable between the boundary
-                            # backward and step().
-                            for name, p in params.items():
-                                grad = safe_get_full_grad(p)
-                                if grad is not None:
-                                    obs.record("grad", step, None, name, grad, unscale=scale)
-                        # DeepSpeed's contract: step() after every micro-batch; it updates on the boundary.
-                        engine.step()
-                    obs.facts.setdefault("global_steps", []).append(engine.global_steps)
-                    if scaled:
-                        scales.append(scale)
-                        if loss_scaling.step_overflowed(engine):
-                            skipped.append(step)
-                    elif amp_scaler is not None:
-                        # GradScaler keeps no skip flag past update(); it backs off (halves) on exactly the steps
-                        # whose step() it skipped for an inf or nan, and grows only every 2000 clean steps. ZeRO's
-                        # optimizer may skip a step before its GradScaler sees it (its own overflow flag).
-                        scales.append(scale)
-                        if float(amp_scaler.get_scale()) < scale or loss_scaling.step_overflowed(engine):
-                            skipped.append(step)
-                    if train.clip > 0 and reports_grad_norm(values):
-                        norm = engine.get_global_grad_norm()
-                        obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
-                    record_weights(obs, step, params, values["zero"])
-                    if self.records_master_weights(values):
-                        record_master_weights(obs, step, engine, params, values["zero"])
-                if scaled:
-                    obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped,
-                                                       skipped_steps=int(engine.skipped_steps))
-                elif amp_scaler is not None:
-                    obs.facts["rank_decisions"].update(loss_scales=scales, skipped=skipped)
-                obs.facts["loss_backend"] = backends
-                obs.facts["collectives"] = comm
+                backends = obs.facts["loss_backend"] = {}
+
+                @contextlib.contextmanager
+                def backend_of(step, micro):
+                    before = len(backend_log)
+                    yield
+                    backends[(step, micro)] = backend_log[before:]
+
+                def first_column_function(step, micro, loss, logits):
+                    if step == 0 and micro == 0:
+                        obs.facts["rank_decisions"]["column_function"] = column_function(logits)
+
+                driver.train(driver.Run(obs, train, lambda batch, n: self.forward(engine, batch, n, spec),
+                                        EngineUpdate(engine, dict(model.named_parameters()), values,
+                                                     self.records_master_weights(values)),
+                                        driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
+                                        captured=captured, record_collectives=True, micro_context=backend_of,
+                                        after_forward=first_column_function, outputs_after_backward=False))
+                obs.facts.setdefault("collectives", {})
                 if values.get("save", "none") != "none":
                     obs.facts["saved"] = saved_state_dict(engine, values["save"])
             finally:
                 engine.destroy()
         return obs
+
+
+class EngineUpdate:
+    """The driver's update through a DeepSpeed engine, as the HF Trainer drives it: its own loss scaling
+    (references/trajectory.py trainer_objective) with the engine's 1/GAS off, step() after every
+    micro-batch (the engine updates on the accumulation boundary), the step gradient read between the
+    boundary's backward and step(). fp16 and autocast-fp16 gradients hold the loss scale, divided back out
+    of the records (a power of two: exact); each step's scale and skip go to rank_decisions."""
+
+    def __init__(self, engine, params: dict, values: dict, masters: bool):
+        self.engine, self.params, self.masters = engine, params, masters
+        self.zero, self.reports_norm = values["zero"], reports_grad_norm(values)
+        self.scaled = loss_scaling.setting(values) is not None
+        # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
+        self.amp_scaler = loss_scaling.autocast_scaler(engine) if values.get("autocast") == "fp16" else None
+        self.scale, self.scales, self.skipped = 1.0, [], []
+
+    def start(self, run) -> None:
+        self.obs, self.clip = run.obs, run.train.clip > 0 and self.reports_norm
+        record_weights(self.obs, -1, self.params, self.zero)
+
+    def begin_step(self, step: int) -> None:
+        self.scale = (loss_scaling.current_scale(self.engine) if self.scaled else
+                      float(self.amp_scaler.get_scale()) if self.amp_scaler is not None else 1.0)
+
+    def backward(self, objective) -> None:
+        self.engine.backward(objective, scale_wrt_gas=False)
+
+    def after_micro(self, step: int, micro: int) -> None:
+        from deepspeed.utils import safe_get_full_grad
+
+        if self.engine.is_gradient_accumulation_boundary():
+            for name, p in self.params.items():
+                grad = safe_get_full_grad(p)
+                if grad is not None:
+                    self.obs.record("grad", step, None, name, grad, unscale=self.scale)
+        self.engine.step()
+
+    def end_step(self, step: int) -> None:
+        engine = self.engine
+        self.obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+        if self.scaled:
+            self.scales.append(self.scale)
+            if loss_scaling.step_overflowed(engine):
+                self.skipped.append(step)
+        elif self.amp_scaler is not None:
+            # GradScaler keeps no skip flag past update(); it backs off (halves) on exactly the steps whose step()
+            # it skipped for an inf or nan, and grows only every 2000 clean steps. ZeRO's optimizer may skip a step
+            # before its GradScaler sees it (its own overflow flag).
+            self.scales.append(self.scale)
+            if float(self.amp_scaler.get_scale()) < self.scale or loss_scaling.step_overflowed(engine):
+                self.skipped.append(step)
+        if self.clip:
+            norm = engine.get_global_grad_norm()
+            self.obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
+        record_weights(self.obs, step, self.params, self.zero)
+        if self.masters:
+            record_master_weights(self.obs, step, engine, self.params, self.zero)
+
+    def finish(self) -> None:
+        decisions = self.obs.facts["rank_decisions"]
+        if self.scaled:
+            decisions.update(loss_scales=self.scales, skipped=self.skipped, skipped_steps=int(self.engine.skipped_steps))
+        elif self.amp_scaler is not None:
+            decisions.update(loss_scales=self.scales, skipped=self.skipped)
 
 
 # The pad id the engine subjects' model may pass: 0 is the one case of the installed loss dropping it; 3 (the loss-only

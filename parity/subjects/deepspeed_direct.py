@@ -14,33 +14,29 @@ size, ``install_tp_groups``) and wraps the copy's head in the layer the engine w
 - ``direct_row_parallel``: ``LinearAllreduceWithReplicatedInput(head, group)``; weight sharded along
   hidden, bias replicated, full logits after the all-reduce, the suite's CE on top.
 
-Training follows references/trajectory.py exactly, with no engine: each micro-batch loss is scaled
-as the HF Trainer does (trajectory.trainer_objective: 1/GAS, or x dp for num_items); the step
-gradient is what autograd accumulated in ``p.grad`` (in the parameter's dtype); plain
-``torch.optim.SGD`` in fp32; in bf16 a float32 master copy per parameter, ``master -= lr * grad``
-then cast back (references/sgd.py, as DeepSpeed's bf16 optimizer does). Records are the engine
-subjects' (logits, loss, head_input_grad, grad, weight), so parity/checks/compare.py judges both alike.
+Training is the driver's (parity/subjects/driver.py) with no engine: autograd into ``p.grad``, then
+plain SGD (parity/subjects/plain_sgd.py); the records are the engine subjects', so both are judged alike.
 """
 from __future__ import annotations
 
-
-import torch
+import contextlib
 
 from parity.observe.observations import RankObservations
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.driver import record_structure
 from parity.subjects.plain_sgd import PlainSGD
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, install_tp_groups, record_loss_backend,
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, install_tp_groups, record_loss_backend,
                                               reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model, capture_head_input_and_grad
-from references.trajectory import step_num_items, trainer_objective
 
 DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
                "head": NAMED_HEADS, "ignore": None, "gas": None, "tp": None, "device": None}
 
 
 class DirectHead(Subject):
-    """Shared loop: build the layer around a copy of the head, then train with plain SGD."""
+    """Builds the layer around the tiny LM's head; the driver trains it with plain SGD."""
     framework = "deepspeed"
 
     axes = DIRECT_AXES
@@ -82,40 +78,23 @@ class DirectHead(Subject):
         ds_loss = self.install_loss(model, layer, group)
 
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
-                                     for path in self.claims(values).module_types}
-        params = dict(model.named_parameters())
-        for name, p in params.items():
-            obs.record("weight", -1, None, name, p)
-        optimizer = PlainSGD(params, dtype, train.lr)
+        record_structure(obs, model, self.claims(values))
         captured: dict = {}
         capture_head_input_and_grad(model, captured)
         backend_log: list = []
         backends = {}
+
+        @contextlib.contextmanager
+        def backend_of(step, micro):
+            before = len(backend_log)
+            yield
+            backends[(step, micro)] = backend_log[before:]
+
         with record_loss_backend(backend_log):
-            for step in range(train.steps):
-                model.zero_grad(set_to_none=True)
-                batches = [{k: t.to(ctx.device) for k, t in b.items()}
-                           for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-                num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-                for micro, batch in enumerate(batches):
-                    before = len(backend_log)
-                    loss, logits = model(**batch, num_items_in_batch=num_items)
-                    backends[(step, micro)] = backend_log[before:]
-                    trainer_objective(loss, train, spec.reduction).backward()
-                    obs.record("logits", step, micro, None, logits)
-                    obs.record("loss", step, micro, None, loss)
-                    obs.record("head_input", step, micro, None, captured.pop("x"))
-                    obs.record("head_input_grad", step, micro, None, captured.pop("h"))
-                grads = {name: (torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float())
-                         for name, p in params.items()}
-                for name, g in grads.items():
-                    obs.record("grad", step, None, name, g)
-                optimizer.step(grads)
-                for name, m in optimizer.masters().items():
-                    obs.record("master_weight", step, None, name, m)
-                for name, p in params.items():
-                    obs.record("weight", step, None, name, p)
+            driver.train(driver.Run(obs, train, lambda batch, n: model(**batch, num_items_in_batch=n),
+                                    driver.PlainUpdate.sgd(model, dtype, train.lr),
+                                    driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
+                                    captured=captured, micro_context=backend_of))
         if ds_loss:
             obs.facts["loss_backend"] = backends
         return obs

@@ -21,8 +21,9 @@ import copy
 
 import torch
 
-from parity.observe import collectives
 from parity.observe.observations import RankObservations
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
+from parity.subjects.plain_sgd import PlainSGD
 from parity.subjects.base import Claims, RankContext, Subject, padding_index
 from parity.subjects.deepspeed_tied import gemma3_unavailable
 from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
@@ -88,30 +89,33 @@ class DirectVocabParallelEmbedding(Subject):
         layer = VocabParallelEmbedding(copy.deepcopy(table).to(ctx.device), groups.get_tensor_model_parallel_group(),
                                        name="embed_tokens")
         obs.facts["module_types"] = {"embedding": type(layer).__name__}
-        weight = layer.weight
-        obs.record("weight", -1, None, "weight", weight)
-        if dtype == torch.float32:
-            optimizer = torch.optim.SGD([weight], lr=train.lr)
-        else:
-            master = weight.detach().float().clone()
-        for step in range(train.steps):
-            weight.grad = None
-            for micro in range(train.micro_batches):
-                ids, target = lookup_batch(train, step, micro, values["vocab"], values["hidden"])
-                with collectives.recording() as counts:
-                    out = layer(ids.to(ctx.device))
-                    loss = lookup_loss(out, target.to(ctx.device))
-                    (loss / train.micro_batches).backward()
-                obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
-                obs.record("embedding", step, micro, None, out)
-                obs.record("loss", step, micro, None, loss)
-            grad = weight.grad.float()
-            obs.record("grad", step, None, "weight", grad)
-            with torch.no_grad():
-                if dtype == torch.float32:
-                    optimizer.step()
-                else:
-                    master.add_(grad, alpha=-train.lr)
-                    weight.copy_(master.to(dtype))
-            obs.record("weight", step, None, "weight", weight)
-        return obs
+
+        def batches(step):
+            return [lookup_batch(train, step, micro, values["vocab"], values["hidden"])
+                    for micro in range(train.micro_batches)], None
+
+        def forward(batch, num_items):
+            ids, target = batch
+            out = layer(ids.to(ctx.device))
+            return lookup_loss(out, target.to(ctx.device)), out
+
+        params = {"weight": layer.weight}
+        update = driver.PlainUpdate(layer, params, LookupSGD(params, dtype, train.lr))
+        return driver.train(driver.Run(obs, train, forward, update, batches, output_kind="embedding", captured=None,
+                                       record_collectives=True))
+
+
+class LookupSGD(PlainSGD):
+    """PlainSGD with the table's bf16 master stepped as ``master.add_(grad, alpha=-lr)`` (one fused multiply-add),
+    as this subject has always stepped it; it records no master."""
+
+    def masters(self) -> dict:
+        return {}
+
+    def step(self, grads: dict) -> None:
+        if self.master is None:
+            return super().step(grads)
+        with torch.no_grad():
+            for name, p in self.params.items():
+                self.master[name].add_(grads[name], alpha=-self.lr)
+                p.copy_(self.master[name].to(p.dtype))

@@ -55,7 +55,8 @@ import torch
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject, case_seed
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, _attribute, engine_dtype_requirements, reset_deepspeed_state,
+from parity.subjects.driver import attribute
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, engine_dtype_requirements, reset_deepspeed_state,
                                              setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model
@@ -259,7 +260,7 @@ class InferenceHead(Subject):
         engine = deepspeed.init_inference(model, tensor_parallel=tensor_parallel, dtype=dtype,
                                           replace_with_kernel_inject=False,
                                           injection_policy={type(model): ("proj",)})
-        obs.facts["module_types"] = {path: type(_attribute(engine.module, path)).__name__
+        obs.facts["module_types"] = {path: type(attribute(engine.module, path)).__name__
                                      for path in self.claims(values).module_types}
         for name, p in engine.module.named_parameters():
             obs.record("weight", -1, None, name, p)

@@ -26,10 +26,12 @@ import torch
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.subjects.deepspeed_autotp import (ColumnGatheredHead, VocabParallelHead, install_tp_groups,
-                                              rank_decisions, reset_deepspeed_state, setup_deepspeed, _attribute)
+                                              rank_decisions, reset_deepspeed_state, setup_deepspeed)
 from parity.subjects.deepspeed_row import RowParallelHead
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
+from parity.subjects.driver import attribute
 from references.adamw_trajectory import adamw, train_adamw_reference
-from references.trajectory import step_num_items, trainer_objective
+from references.trajectory import step_num_items
 
 # The axes a resume case varies: the head's usual ones less those the AdamW reference or the resume loop has no
 # model of (clipping, switches, save/process/model_init variants).
@@ -155,24 +157,21 @@ class UniversalResume:
     def train_steps(self, engine, values, train, steps, dp_rank, dp_size, obs=None):
         """Steps of the reference's data. The reference's step is dp x gas micro-batches; a layout with another
         DP size takes them in contiguous, equal chunks (the same global batch), and its trainer objective is the
-        one for its own DP size and accumulation count (references/trajectory.py trainer_objective)."""
+        one for its own DP size and accumulation count (references/trajectory.py trainer_objective). ``obs``: where
+        the losses and the weights after each step go (None: the saving run, which records nothing)."""
         spec = self.model_spec(values)
-        flat_total = values["dp"] * train.micro_batches
-        chunk = flat_total // dp_size
-        mine = dataclasses.replace(train, dp=dp_size, micro_batches=chunk)
-        for step in steps:
+        chunk = values["dp"] * train.micro_batches // dp_size
+
+        def batches(step):
             flat = [b for d in range(values["dp"]) for b in train.batches(step, d, spec.vocab, spec.ignore_index)]
-            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-            for micro, batch in enumerate(flat[dp_rank * chunk:(dp_rank + 1) * chunk]):
-                batch = {k: t.to(engine.device) for k, t in batch.items()}
-                loss, _ = self.forward(engine, batch, num_items, spec)
-                if obs is not None:
-                    obs.record("loss", step, micro, None, loss)
-                engine.backward(trainer_objective(loss, mine, spec.reduction), scale_wrt_gas=False)
-                engine.step()
-            if obs is not None:
-                for name, p in dict(engine.module.named_parameters()).items():
-                    obs.record("weight", step, None, name, p)
+            return ([{k: t.to(engine.device) for k, t in b.items()} for b in flat[dp_rank * chunk:(dp_rank + 1) * chunk]],
+                    step_num_items(train, step, spec.vocab, spec.ignore_index))
+
+        scratch = RankObservations(-1, -1, -1) if obs is None else obs
+        driver.train(driver.Run(scratch, dataclasses.replace(train, dp=dp_size, micro_batches=chunk),
+                                lambda batch, n: self.forward(engine, batch, n, spec), ResumeUpdate(engine), batches,
+                                spec.reduction, output_kind=None, steps=steps, captured=None,
+                                outputs_after_backward=False))
 
     def run_rank(self, values, ctx):
         import torch.distributed as dist
@@ -211,8 +210,8 @@ class UniversalResume:
             model = self.build(values, dtype).to(ctx.device)
             engine = self.engine(values, train, model, load_universal=True)
             try:
-                head = _attribute(model, self.head_values(values)["head"])
-                obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__
+                head = attribute(model, self.head_values(values)["head"])
+                obs.facts["module_types"] = {path: type(attribute(model, path)).__name__
                                              for path in self.claims(values).module_types}
                 obs.facts["rank_decisions"] = rank_decisions(engine, head)
                 params = dict(model.named_parameters())
@@ -255,3 +254,31 @@ class UniversalRowParallel(UniversalResume, RowParallelHead):
     name = "uc_row_parallel"
     description = "as uc_column_gathered, the row-parallel head (LinearAllreduceWithReplicatedInput)"
     axes = RESUME_AXES
+
+
+class ResumeUpdate:
+    """The driver's update for a universal-checkpoint run: the engine's backward and step(), and the weights the
+    engine's module holds after each step."""
+    scale = 1.0
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def start(self, run) -> None:
+        self.obs = run.obs
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def backward(self, objective) -> None:
+        self.engine.backward(objective, scale_wrt_gas=False)
+
+    def after_micro(self, step: int, micro: int) -> None:
+        self.engine.step()
+
+    def end_step(self, step: int) -> None:
+        for name, p in dict(self.engine.module.named_parameters()).items():
+            self.obs.record("weight", step, None, name, p)
+
+    def finish(self) -> None:
+        pass

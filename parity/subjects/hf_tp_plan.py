@@ -46,8 +46,7 @@ from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.loss import causal_lm_loss
 from references.seeding import seeded
-from references.sgd import SGD
-from references.trajectory import Trajectory, step_num_items, trainer_objective
+from references.trajectory import Trajectory, train_reference
 
 HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ignore": None, "zero": (0, 1, 2),
            "gas": None, "tp": (2,), "device": None}
@@ -129,43 +128,20 @@ class HFPlanHead(EngineHead):
 
     # -- parent: the unsharded reference -------------------------------------------------------
     def reference(self, values: dict, compute_dtype=None) -> Trajectory:
-        case_dtype = DTYPES[values["dtype"]]
-        dtype = compute_dtype or case_dtype
-        spec, train = self.model_spec(values), self.training_spec(values)
-        model = self.build(values, case_dtype).to(dtype)
-        low_precision = dtype in (torch.bfloat16, torch.float16)
-        params = dict(model.named_parameters())  # a tied head appears once, as model.embed_tokens.weight
-        optimizer = SGD(params, train.lr, torch.float32 if low_precision else None)
-        traj = Trajectory()
-        for name, p in params.items():
-            traj.put("weight", -1, None, None, name, p)
-        captured = {}
-        capture_lm_head_input_and_grad(model, captured)
-        for step in range(train.steps):
-            model.zero_grad(set_to_none=True)
-            batches = train.batches(step, 0, spec.vocab, spec.ignore_index)
-            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-            for micro, batch in enumerate(batches):
-                logits = model(input_ids=batch["input_ids"]).logits
-                loss = causal_lm_loss(logits, batch["labels"], reduction=spec.reduction,
-                                      ignore_index=spec.ignore_index, num_items_in_batch=num_items)
-                trainer_objective(loss, train, spec.reduction).backward()
-                traj.put("logits", step, micro, 0, None, logits)
-                traj.put("loss", step, micro, 0, None, loss)
-                traj.put("head_input", step, micro, 0, None, captured.pop("x"))
-                traj.put("head_input_grad", step, micro, 0, None, captured.pop("h"))
-            grads = {name: p.grad.to(torch.float64 if dtype == torch.float64 else torch.float32)
-                     for name, p in params.items()}
-            for name, g in grads.items():
-                traj.put("grad", step, None, None, name, g)
-            optimizer.step(grads)
-            for name, p in params.items():
-                traj.put("weight", step, None, None, name, p)
-                if optimizer.master is not None:  # as references.trajectory
-                    traj.put("master_weight", step, None, None, name, optimizer.master[name])
-        return traj
+        """references/trajectory.py's training of the same transformers model: its HF forward's logits (labels not
+        passed) under the suite's own CE (references/loss.py)."""
+        spec = self.model_spec(values)
 
-    # -- ranks: EngineHead's loop, with the HF model's interface ---------------------------------
+        def forward(model, batch, num_items):
+            logits = model(input_ids=batch["input_ids"]).logits
+            return causal_lm_loss(logits, batch["labels"], reduction=spec.reduction, ignore_index=spec.ignore_index,
+                                  num_items_in_batch=num_items), logits
+
+        return train_reference(spec, self.training_spec(values), DTYPES[values["dtype"]], compute_dtype,
+                               build=lambda dtype: self.build(values, dtype), forward=forward,
+                               capture=capture_lm_head_input_and_grad)
+
+    # -- ranks: the engine's training (EngineHead), with the HF model's interface ----------------
     def forward(self, engine, batch, num_items, spec):
         # HF's loss takes num_items_in_batch only from a trainer that counts tokens.
         extra = {"num_items_in_batch": num_items} if spec.reduction == "num_items" else {}

@@ -25,8 +25,8 @@ count (``calculate_per_token_loss``), none -> the masked per-token losses. The C
 the loss call (ci/repro/megatron_ce_overwrites_fp32_logits.py: in fp32 Megatron overwrites them).
 
 Megatron's VocabUtility divides the vocabulary evenly (``divide`` asserts), so an uneven vocabulary is
-rejected at layer construction, before the model is touched: a rejection case. Training is
-references/trajectory.py's, as in torch_tp.py: plain SGD in fp32, float32 master copies in bf16/fp16.
+rejected at layer construction, before the model is touched: a rejection case. Training is the
+driver's (parity/subjects/driver.py), as in torch_tp.py.
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.driver import record_structure
 from parity.subjects.plain_sgd import PlainSGD
 from references.tiny_lm import build_model, capture_head_input_and_grad
-from references.trajectory import step_num_items, trainer_objective
 
 MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
                  "ignore": None, "gas": None, "tp": None, "device": None}
@@ -81,7 +81,7 @@ def as_model_head(layer, weight_of=None):
 
 
 class MegatronHead(Subject):
-    """Shared loop: build Megatron layers around the reference's weights, then train with plain SGD."""
+    """Builds Megatron layers around the reference's weights; the driver trains them with plain SGD."""
 
     axes = MEGATRON_AXES
     clean_state = CLEAN_STATE
@@ -167,40 +167,12 @@ class MegatronHead(Subject):
         model.to(ctx.device)
         captured: dict = {}
         capture_head_input_and_grad(model, captured)
-        claims = self.claims(values)
-
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["module_types"] = {path: type(_attribute(model, path)).__name__ for path in claims.module_types}
-        obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b)
-                                      for a, b in claims.shared_params}
-        params = dict(model.named_parameters())
-        for name, p in params.items():
-            obs.record("weight", -1, None, name, p)
-        optimizer = PlainSGD(params, dtype, train.lr)
-        for step in range(train.steps):
-            model.zero_grad(set_to_none=True)
-            batches = [{k: t.to(ctx.device) for k, t in b.items()}
-                       for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-            for micro, batch in enumerate(batches):
-                with collectives.recording() as counts:
-                    loss, logits = self.forward(model, batch, num_items)
-                    trainer_objective(loss, train, spec.reduction).backward()
-                obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
-                obs.record("logits", step, micro, None, logits)
-                obs.record("loss", step, micro, None, loss)
-                obs.record("head_input", step, micro, None, captured.pop("x"))
-                obs.record("head_input_grad", step, micro, None, captured.pop("h"))
-            grads = {name: torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float()
-                     for name, p in params.items()}
-            for name, g in grads.items():
-                obs.record("grad", step, None, name, g)
-            optimizer.step(grads)
-            for name, m in optimizer.masters().items():
-                obs.record("master_weight", step, None, name, m)
-            for name, p in params.items():
-                obs.record("weight", step, None, name, p)
-        return obs
+        record_structure(obs, model, self.claims(values))
+        return driver.train(driver.Run(obs, train, lambda batch, n: self.forward(model, batch, n),
+                                       driver.PlainUpdate.sgd(model, dtype, train.lr),
+                                       driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
+                                       captured=captured, record_collectives=True))
 
     @staticmethod
     def shard(tensor, tp_rank, tp):
@@ -220,11 +192,6 @@ class MegatronHead(Subject):
             if head.bias is not None:
                 layer.bias.copy_(self.shard(head.bias, tp_rank, tp))
 
-
-def _attribute(root, path: str):
-    for part in path.split("."):
-        root = getattr(root, part, None)
-    return root
 
 
 class MegatronColumnGatheredHead(MegatronHead):

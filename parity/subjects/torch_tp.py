@@ -16,9 +16,8 @@ The tiny LM has no sequence-parallel norm, so the head's input and the embedding
   masked lookup, all-reduce); untied, the head stays a plain replicated Linear; tied, the head is
   ColwiseParallel with Replicate output and holds the embedding's Parameter.
 
-Training is references/trajectory.py's, as in deepspeed_direct.py: micro-batch loss / accumulation
-count, backward, then plain ``torch.optim.SGD`` in fp32 or a float32 master copy in bf16/fp16; the
-optimizer runs on the DTensor parameters as a DTensor user's would. A rank records its local
+Training is the driver's (parity/subjects/driver.py), as in deepspeed_direct.py, with the plain SGD
+running on the DTensor parameters as a DTensor user's would. A rank records its local
 shards (``to_local``), so the shard widths are checked against ``Claims.split = "chunk"``: DTensor's
 Shard splits as torch.chunk does (parity/observe/partition.py), not as AutoTP does.
 """
@@ -27,12 +26,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
+import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.driver import record_structure
 from parity.subjects.plain_sgd import PlainSGD
-from references.trajectory import step_num_items, trainer_objective
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
 TORCH_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -77,14 +76,14 @@ def _as_param(grad, param):
     return grad.redistribute(param.device_mesh, placements)
 
 
-def _attribute(root, path: str):
-    for part in path.split("."):
-        root = getattr(root, part, None)
-    return root
+def _grad_placements(obs, step: int, params: dict) -> None:
+    """Where each gradient lives as the step applies it (a DTensor's placements)."""
+    obs.facts.setdefault("grad_placements", {})[step] = {name: str(getattr(p.grad, "placements", None))
+                                                         for name, p in params.items()}
 
 
 class TorchTPHead(Subject):
-    """Shared loop: parallelize a fresh model with a plan, then train with plain SGD."""
+    """Parallelizes a fresh model with a plan; the driver trains it with plain SGD."""
     framework = "torch"
 
     axes = TORCH_AXES
@@ -142,43 +141,14 @@ class TorchTPHead(Subject):
         capture_head_input_and_grad(model, captured)
         parallelize_module(model, mesh, self.plan(values))
         self.tie(model)
-        claims = self.claims(values)
-
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["module_types"] = {path: self.module_type(_attribute(model, path))
-                                     for path in claims.module_types}
-        obs.facts["shared_params"] = {f"{a}={b}": _attribute(model, a) is _attribute(model, b)
-                                      for a, b in claims.shared_params}
-        params = dict(model.named_parameters())
-        for name, p in params.items():
-            obs.record("weight", -1, None, name, _local(p))
-        optimizer = PlainSGD(params, dtype, train.lr)
-        for step in range(train.steps):
-            model.zero_grad(set_to_none=True)
-            batches = [{k: t.to(ctx.device) for k, t in b.items()}
-                       for b in train.batches(step, dp_rank, spec.vocab, spec.ignore_index)]
-            num_items = step_num_items(train, step, spec.vocab, spec.ignore_index)
-            for micro, batch in enumerate(batches):
-                with collectives.recording() as counts, self.loss_context():
-                    loss, logits = self.forward(model, batch, num_items)
-                    trainer_objective(loss, train, spec.reduction).backward()
-                obs.facts.setdefault("collectives", {})[(step, micro)] = dict(counts)
-                obs.record("logits", step, micro, None, _local(logits))
-                obs.record("loss", step, micro, None, _local(loss))
-                obs.record("head_input", step, micro, None, captured.pop("x"))
-                obs.record("head_input_grad", step, micro, None, captured.pop("h"))
-            grads = {name: (torch.zeros_like(p, dtype=torch.float32) if p.grad is None else _as_param(p.grad, p).float())
-                     for name, p in params.items()}
-            obs.facts.setdefault("grad_placements", {})[step] = {
-                name: str(getattr(p.grad, "placements", None)) for name, p in params.items()}
-            for name, g in grads.items():
-                obs.record("grad", step, None, name, _local(g))
-            optimizer.step(grads)
-            for name, m in optimizer.masters().items():
-                obs.record("master_weight", step, None, name, _local(m))
-            for name, p in params.items():
-                obs.record("weight", step, None, name, _local(p))
-        return obs
+        record_structure(obs, model, self.claims(values), self.module_type)
+        update = driver.PlainUpdate.sgd(model, dtype, train.lr, grad_of=lambda p: _as_param(p.grad, p),
+                                        step_facts=_grad_placements)
+        return driver.train(driver.Run(obs, train, lambda batch, n: self.forward(model, batch, n), update,
+                                       driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
+                                       captured=captured, view=_local, record_collectives=True,
+                                       micro_context=lambda step, micro: self.loss_context()))
 
     @staticmethod
     def module_type(module) -> str:
