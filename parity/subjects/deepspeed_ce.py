@@ -1,15 +1,9 @@
 """DeepSpeed 0.19.8's vocabulary-parallel losses, called directly on vocabulary shards.
 
-- ``ds_vocab_ce``: ``deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy`` (torch
-  backend) on a slice of the logits, with explicit vocab_start_index/vocab_end_index from the
-  suite's partition formula (so uneven vocabularies are allowed).
-- ``ds_fused_linear_ce``: ``deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy``
-  on a replicated hidden state and this rank's rows of the head weight (and bias), against an
-  unfused linear + CE.
-
-Both take a plain torch process group per TP size (``tp_group``, as the Liger subject does) and
-DeepSpeed's comm layer joined to the worker's process group. Neither touches process-global
-DeepSpeed state, so there is nothing to reset.
+``ds_vocab_ce`` (vocab_parallel_cross_entropy, explicit shard bounds), its module wrapper, the log-probs
+op, the Liger backend and ``ds_fused_linear_ce`` (vocab_parallel_linear_cross_entropy against an unfused
+linear + CE), each on a plain torch TP group; none touches process-global DeepSpeed state.
+Details: docs/subjects.md#deepspeeds-vocabulary-parallel-losses
 """
 from __future__ import annotations
 
