@@ -43,10 +43,8 @@ def expected_all_reduce(values: dict) -> str:
 
 @functools.cache
 def prebuild_shm_op() -> None:
-    """Build DeepSpeed's shm op once, in a child process, before the first shm case runs: the JIT build takes
-    35-100 s on two idle cores (ten minutes under heavy load) and would otherwise count against that case's
-    timeout; its ranks then load it from torch's extension cache. A failed build is no skip: the ranks build
-    again and fail the case with DeepSpeed's error."""
+    """Build DeepSpeed's shm op once, in a child process, before the first shm case runs, so its ranks load it
+    from torch's extension cache; a failed build is no skip. Why: docs/subjects.md#deepspeeds-cpu-shm-op"""
     code = ("from deepspeed.accelerator import get_accelerator; "
             "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     try:

@@ -75,10 +75,7 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
     name = "tied_row_parallel"
     description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
-    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
-    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    # grad_freq: HiddenParallelEmbedding keeps scale_grad_by_freq (every rank looks up every id, so the counts are
-    # the batch's); VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad).
+    # Only lm_head for now (the claims name it); grad_freq only here (docs/subjects.md#tied-heads).
     axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None, "grad_freq": None}
 
     def claims(self, values):
@@ -92,9 +89,7 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
-    # head model.lm_head: with a config whose head count divides the vocabulary, AutoTP's kv-head split reaches a
-    # nested head (tp_shard.get_shard_size), and the tied embedding takes the head's layout.
-    # autocast_modules stays with the untied heads (a tied weight's mark would also cover the embedding's reduction).
+    # head model.lm_head: reached by AutoTP's kv-head split; no autocast_modules (docs/subjects.md#tied-heads).
     axes = {**{k: v for k, v in VocabParallelHead.axes.items() if k != "autocast_modules"},
             "head": ("lm_head", "model.lm_head"), **TIED_AXES, "process": None}
 
@@ -133,9 +128,8 @@ class TiedPlanHead(TiedColumnGatheredHead):
     defaults = {"head": "output"}
 
     def auto_vocab_parallel(self, values) -> bool:
-        # engine.py:1116-1125: the tied-head test reads only these two names, not partition_config.lm_head_patterns.
-        # Two tied heads qualify: the engine catches _resolve_vocab_parallel_lm_head's "multiple heads" ValueError
-        # (engine.py:1163-1177) and falls back to replicated heads, which is what a second head claims.
+        # DeepSpeed's tied-head test reads only these two names; two tied heads fall back to replicated heads
+        # (docs/subjects.md#tied-heads).
         return (values["vocab_parallel_lm_head"] == "unset" and values.get("second_head", "none") == "none"
                 and values["head"].split(".")[-1] in ("lm_head", "embed_out"))
 
