@@ -1,7 +1,7 @@
 """DeepSpeed 0.19.8 AutoTP output heads, driven the way users drive them: through deepspeed.initialize.
 
 DeepSpeed is imported only inside rank processes, so listing and collecting cases stays fast and
-works without it.
+works without it. How DeepSpeed decides what these heads check: docs/subjects.md#engine-heads
 """
 from __future__ import annotations
 

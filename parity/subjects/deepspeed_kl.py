@@ -51,8 +51,7 @@ class DeepSpeedVocabParallelKL(Subject):
 
     def invalid(self, values):
         if values.get("inf_rows", "none") == "masked" and values["vocab"] < 3:
-            # references/kl_div.py masks ids 0, 1, 2, V//2, V-2 and V-1 on single rows: at vocabulary 2 id 2 does
-            # not exist and the teacher's row 4 would be masked whole, which is inf_rows "all" (parity explore --seed 1)
+            # At vocabulary 2 the masked ids would mask a teacher row whole (docs/subjects.md#vocabulary-parallel-kl).
             return "inf_rows 'masked' needs a vocabulary of at least 3 (it masks ids 0-2 and V-2, V-1 on single rows)"
         return super().invalid(values)
 
