@@ -1,7 +1,7 @@
 """DeepSpeed 0.19.8 AutoTP output heads, driven the way users drive them: through deepspeed.initialize.
 
 DeepSpeed is imported only inside rank processes, so listing and collecting cases stays fast and
-works without it.
+works without it. How DeepSpeed decides what these heads check: docs/subjects.md#engine-heads
 """
 from __future__ import annotations
 
@@ -52,10 +52,8 @@ def setup_deepspeed(ctx: RankContext) -> None:
     """Once per rank process: join DeepSpeed's comm layer to the process group the worker made."""
     if "deepspeed" in ctx.state:
         return
-    # The CPU shared-memory all-reduce op is JIT-compiled (35-100 s) on first init and only serves
-    # inference_all_reduce, which no training head calls. Not building it keeps every rank's start
-    # in seconds; the inference-only head then takes torch's all_reduce, and its case says so. See README
-    # "DeepSpeed's CPU shm op". The shm cases (allreduce = "shm") build it with DeepSpeed's own function, kept here.
+    # The CPU shm all-reduce op is not built here (its JIT build is slow; training never calls it); DeepSpeed's
+    # own builder is kept for the shm cases. Why: docs/subjects.md#deepspeeds-cpu-shm-op
     comm_torch = importlib.import_module("deepspeed.comm.torch")
     build_shm_op, comm_torch.build_shm_op = comm_torch.build_shm_op, lambda: None
     import deepspeed
@@ -67,16 +65,9 @@ def setup_deepspeed(ctx: RankContext) -> None:
 
 
 def install_tp_groups(ctx: RankContext, tp: int, dist_debug: str = "off") -> None:
-    """DeepSpeed builds its (dp, tp) groups once per process and keeps them in module globals.
-
-    Cases in one pooled process may use different TP sizes, and building groups per case would
-    leak a gloo group each time, so one set per TP size (and debug mode) is made once and installed
-    per case.
-
-    dist_debug "detail" builds them as a user who launched with TORCH_DISTRIBUTED_DEBUG=DETAIL gets
-    them: DeepSpeed's new_group path (utils/groups.py) and gloo's collective-checking wrapper around
-    each group. Both read the setting when a group is made, so it is set for the build only and put
-    back after: the collectives keep their wrapper, and the next default case gets unwrapped groups.
+    """Install DeepSpeed's (dp, tp) module-global groups for this case: one set per TP size (and debug
+    mode), built once per process and reused. dist_debug "detail" builds them under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, set for the build only. Why: docs/subjects.md#group-setup-under-detail-debugging
     """
     from deepspeed.utils import groups
 
@@ -377,11 +368,9 @@ class _TritonClaimingAccelerator:
 
 @contextlib.contextmanager
 def claimed_triton(active: bool):
-    """A harness shortcut, for CPU ranks only: DeepSpeed's Liger gate (_liger_can_run) never picks Liger
-    on a CPU accelerator, so the per-rank gate is unreachable there. Only the CE module's view of the
-    accelerator is replaced (the engine and the rest of DeepSpeed still see the CPU); Liger's kernels
-    then run in Triton's interpreter (TRITON_INTERPRET, set by the rank worker). cases/gpu.toml has the
-    unpatched twin."""
+    """A harness shortcut, for CPU ranks only: the CE module's view of the accelerator claims Triton, so
+    DeepSpeed's Liger gate (_liger_can_run) is reached; the rest of DeepSpeed still sees the CPU.
+    Why: docs/subjects.md#liger-in-tritons-interpreter-on-cpu"""
     if not active:
         yield
         return
@@ -451,9 +440,8 @@ def switch_decisions(values: dict) -> dict:
 def column_function(logits) -> str | None:
     """Which of AutoTP's column autograd functions the head's forward ran, found anywhere in the logits' graph (the
     whole tiny model's: proj and the embedding add none; ZeRO 3's linear wrapper puts the head deeper)."""
-    # Nodes stay referenced (kept) while the walk runs: next_functions hands out new Python wrappers, and an id()
-    # of one already dropped can be reused by the next, which then looked visited (torch 2.11 on the H200 host: the
-    # walk stopped below the gather and found no column function in any case).
+    # Nodes stay referenced (kept) while the walk runs, so no dropped node's id() is reused and looks visited
+    # (docs/subjects.md#which-column-function-ran).
     seen, frontier, visited, kept = set(), [logits.grad_fn], set(), []
     while frontier:
         node = frontier.pop()
@@ -538,10 +526,7 @@ class EngineHead(Subject):
         comm_key = DP_REDUCE_CONFIG[values.get("dp_reduce", "average")].get("communication_data_type")
         communication = None if comm_key is None else str(DTYPES[comm_key])
         if autocast != "off":
-            # The head is marked where the case names its AutoTP class: DeepSpeed marks after AutoTP's replacement,
-            # so the default list's nn.Linear no longer covers it (by design: README's notes). Naming the base class
-            # the head is an instance of asks for it as well: the option's documentation ("the list of modules that
-            # will be downcasted") says nothing of exact classes (README: Known divergences).
+            # The head is marked only where the case names its AutoTP class (or its base class): docs/subjects.md#torch_autocasts-comm_dtype-marks
             named = values.get("autocast_modules", "default") in ("head", "base")
             found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
         if values.get("model_init", "plain") == "tp_model_init":
@@ -555,9 +540,8 @@ class EngineHead(Subject):
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
             found["optimizer"] = "BF16_Optimizer"
         elif values.get("zero", 0) in (1, 2, 3) and autocast != "off":
-            # torch_autocast's comm_dtype marks, by design: proj (an nn.Linear, LOWER_PRECISION_SAFE_MODULES)
-            # reduced in the autocast dtype, everything else (AutoTP's head classes, the embedding) in fp32.
-            # ZeRO 3 builds its buckets from the same marks (stage3.py get_all_comm_dtypes) as ZeRO 1/2.
+            # torch_autocast's comm_dtype marks: proj in the autocast dtype, everything else in fp32
+            # (docs/subjects.md#torch_autocasts-comm_dtype-marks).
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
         elif values.get("zero", 0) in (1, 2) and communication is not None:
             found["zero_reduce_dtypes"] = [communication]  # what communication_data_type asks for
@@ -574,10 +558,8 @@ class EngineHead(Subject):
     agreed_decisions = ("loss_scales", "skipped", "skipped_steps")
 
     def requires(self, values):
-        # A CPU case that claims Triton (triton = "claimed") for the Liger backend runs Liger's kernels in
-        # Triton's interpreter on every rank whose own gate passes (which at uneven shards is not every
-        # rank: the documented per-rank gate), as the loss-only Liger cases do. Seen on the H200 host
-        # (triton 3.6, numpy 2.5): without the requirement those cases failed in the interpreter.
+        # A CPU case that claims Triton for the Liger backend runs Liger's kernels in Triton's interpreter
+        # (docs/subjects.md#liger-in-tritons-interpreter-on-cpu).
         interpreted = (values.get("device", "cpu") == "cpu" and values.get("triton") == "claimed"
                        and values["backend"] == "liger")
         return (super().requires(values) + engine_dtype_requirements(values)

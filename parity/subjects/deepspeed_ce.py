@@ -1,15 +1,9 @@
 """DeepSpeed 0.19.8's vocabulary-parallel losses, called directly on vocabulary shards.
 
-- ``ds_vocab_ce``: ``deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy`` (torch
-  backend) on a slice of the logits, with explicit vocab_start_index/vocab_end_index from the
-  suite's partition formula (so uneven vocabularies are allowed).
-- ``ds_fused_linear_ce``: ``deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy``
-  on a replicated hidden state and this rank's rows of the head weight (and bias), against an
-  unfused linear + CE.
-
-Both take a plain torch process group per TP size (``tp_group``, as the Liger subject does) and
-DeepSpeed's comm layer joined to the worker's process group. Neither touches process-global
-DeepSpeed state, so there is nothing to reset.
+``ds_vocab_ce`` (vocab_parallel_cross_entropy, explicit shard bounds), its module wrapper, the log-probs
+op, the Liger backend and ``ds_fused_linear_ce`` (vocab_parallel_linear_cross_entropy against an unfused
+linear + CE), each on a plain torch TP group; none touches process-global DeepSpeed state.
+Details: docs/subjects.md#deepspeeds-vocabulary-parallel-losses
 """
 from __future__ import annotations
 
@@ -31,10 +25,7 @@ from references.cross_entropy import (ce_reference, linear_ce_inputs, linear_ce_
 from references.trajectory import TrainingSpec
 
 HIDDEN = 16  # fused linear+CE: hidden size of the head input (fixed; the head is not the subject's model)
-# Its tokens: 40, not the logits CEs' 24, so that a per-token loss has the 32 elements the RMS and
-# element-wise criteria need (parity.checks.tolerances.ELEMENTWISE_MIN_SIZE). Under them the max
-# criterion alone judged it, whose floor (16 bf16 units of the largest token loss) let a 7% scale
-# of every token's loss through; 40 splits into whole chunks of 5 and 8.
+# Its tokens: 40, enough for the RMS and element-wise criteria (docs/subjects.md#the-fused-ces-token-count).
 FUSED_TOKENS = 40
 
 
@@ -115,11 +106,7 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
     """deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss, the module wrapper of
     vocab_parallel_cross_entropy: built with every argument set (tp_group, sp_group=None, the shard bounds,
     ignore_index, reduction, gather_sequence_loss=False, backend) and called as ``module(logits, target)``.
-    A smoke test of the forwarding: each argument the cases set is one the function would notice dropped.
-    ignore_index 0 (not the default -100) changes which targets count; reduction "none"/"sum" (not the
-    default "mean") changes the loss's shape and scale; uneven shards need the bounds; backend "liger" (with
-    Triton claimed on CPU, the harness shortcut of the Liger-gate cases) must run Liger, which the
-    ``loss_backend`` check sees, where the default "torch" would not."""
+    Why each argument: docs/subjects.md#the-module-wrappers-arguments"""
 
     name = "ds_vocab_ce_module"
     description = ("deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss (the module) with ignore_index, "
@@ -211,19 +198,9 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
 
 class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     """DeepSpeed's Liger backend of vocab_parallel_cross_entropy: Liger's kernel behind DeepSpeed's
-    backward guard (one first-order backward per forward, else RuntimeError).
-
-    On CUDA: vocab_parallel_cross_entropy(backend="liger", reduction="none") with an explicit group,
-    the CE that ran counted (it must be Liger: equal shards only). On CPU DeepSpeed's gate never
-    selects Liger (no Triton accelerator), so the rank calls the function that backend dispatches
-    to, deepspeed.sequence.cross_entropy._liger_vocab_cross_entropy, directly; Liger's kernels run
-    in Triton's interpreter (TRITON_INTERPRET=1, set by the CPU rank worker).
-
-    With ``triton = "claimed"`` a CPU rank takes the CUDA path instead: the public function behind DeepSpeed's
-    gate, the CE module told that the accelerator has Triton (deepspeed_autotp.claimed_triton, a harness
-    shortcut). Only the gated path sees the ``global_vocab`` axis (the global_vocab_size DeepSpeed trusts in
-    its equal-shard test), and on it an uneven layout is DeepSpeed's to route (to torch), not a skip. The
-    backend it must pick is decided from the true layout: Liger on equal shards, torch on uneven ones."""
+    backward guard (one first-order backward per forward, else RuntimeError). CUDA (or ``triton =
+    "claimed"``): the public function behind DeepSpeed's gate; CPU: _liger_vocab_cross_entropy directly, in
+    Triton's interpreter. Which backend must run, and why: docs/subjects.md#deepspeeds-liger-backend"""
 
     name = "ds_liger_ce"
     description = ("DeepSpeed's Liger CE backend (_liger_vocab_cross_entropy: Liger kernel + DeepSpeed's "
@@ -268,9 +245,8 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
 
 class DeepSpeedLigerWithoutGroup(LogitsCE):
     """backend="liger" with tp_group=None, as a data-parallel job calls it: every rank holds the
-    whole vocabulary. DeepSpeed must not hand None to Liger (which may read it as the world group
-    and treat the replicas as vocabulary shards, the bug the seed PR's review found): the torch CE
-    must run on every rank, over the full vocabulary."""
+    whole vocabulary, and the torch CE must run on every rank, over the full vocabulary
+    (docs/subjects.md#deepspeeds-liger-backend)."""
 
     name = "ds_liger_no_group"
     description = "vocab_parallel_cross_entropy(backend='liger', tp_group=None) on full-vocabulary logits"
@@ -316,13 +292,8 @@ class DeepSpeedFusedLinearCE(Subject):
         records = {"loss": None, "hidden_grad": None, "weight_grad": 0}
         if values["bias"]:
             records["bias_grad"] = 0
-        # Its hidden state, head weight, bias and targets are the reference's exact inputs, and in bf16/fp16
-        # the product, the logits gradient and both input gradients are each rounded to the input dtype:
-        # their errors are this one computation's own roundings, judged as a stage's. Not in fp32: there the
-        # error is the accumulation order, which chunking changes wholesale (weight_grad at 1.02x of the
-        # stage bound at seed 3), and it keeps the end-to-end slack.
-        # Under autocast likewise: float32 inputs, each product and gradient rounded once in the autocast dtype. Its
-        # numbers would pass as well from float32 GEMMs, so the GEMMs' own dtype is claimed and observed.
+        # bf16/fp16 and autocast: judged as a stage (one computation from exact inputs); fp32 keeps the
+        # end-to-end slack. Why: docs/subjects.md#the-fused-ce-as-a-stage
         amp = autocast_dtype(values)
         return Claims(module_types={}, param_shards={}, micro_records=records,
                       stage_local=values.get("dtype") in ("bf16", "fp16") or amp is not None,
@@ -366,9 +337,8 @@ class DeepSpeedFusedLinearCE(Subject):
                                                            chunk_size=values["chunk"] or None)
             upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
         if values.get("sp", 1) > 1:
-            # The head is replicated over the SP ranks and each one's gradient covers its own tokens only: what
-            # a training loop applies to such a parameter is their sum (DeepSpeed's engine: the sequence-data-
-            # parallel all-reduce divided by the DP size alone, engine.py:3884), done here as the user's step.
+            # The head is replicated over the SP ranks: its gradient is summed over them, as a training
+            # loop's step does (docs/subjects.md#tp-x-sp).
             import torch.distributed as dist
 
             for param in (weight, bias):

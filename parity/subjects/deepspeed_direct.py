@@ -1,21 +1,7 @@
 """DeepSpeed 0.19.8 AutoTP output heads built directly (no engine), so that a failure can be
-localised to the layer or to the engine around it.
-
-Each subject deep-copies the tiny LM (references/tiny_lm.py), turns on AutoTP training mode
-(``set_autotp_mode(training=True)``, else the layer's parameters come out with requires_grad=False),
-installs the TP group the way the engine subjects do (``deepspeed.utils.groups``, one set per TP
-size, ``install_tp_groups``) and wraps the copy's head in the layer the engine would build:
-
-- ``direct_column_gathered``: ``LinearLayer(head, group, gather_output=True)``; full-vocabulary
-  logits, the suite's CE on top (every reduction).
-- ``direct_vocab_parallel``: ``VocabParallelLinear(head, group)`` + DeepSpeed's
-  ``VocabParallelCausalLMLoss`` (backend torch, the layer's own vocab bounds) installed as
-  ``model.loss_function``, as ``configure_vocab_parallel_loss`` does; rank-local logits.
-- ``direct_row_parallel``: ``LinearAllreduceWithReplicatedInput(head, group)``; weight sharded along
-  hidden, bias replicated, full logits after the all-reduce, the suite's CE on top.
-
-Training is the driver's (parity/subjects/driver.py) with no engine: autograd into ``p.grad``, then
-plain SGD (parity/subjects/plain_sgd.py); the records are the engine subjects', so both are judged alike.
+localised to the layer or to the engine around it: the tiny LM's head wrapped in LinearLayer (gathered),
+VocabParallelLinear + VocabParallelCausalLMLoss, or LinearAllreduceWithReplicatedInput, trained by the
+driver with plain SGD and recorded as the engine subjects are. Details: docs/subjects.md#direct-heads
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """DeepSpeed 0.19.8 AutoTP with an explicit partition_config spec on an UNTIED input embedding.
 
-A user who shards the embedding too writes a spec for ``embed_tokens.weight`` and a row spec for the
-Linear that reads it (``proj``: ``LinearAllreduce``, its input is the embedding's hidden slice); the head
-is the column-gathered ``LinearLayer``. AutoTP's ``_slice_embedding`` (module_inject/auto_tp.py:886-929)
-rebuilds the embedding as a bare ``nn.Embedding(V, H/P)``: the claims say what a user must get, the
-hidden-sliced embedding with the user's ``padding_idx`` kept (the reference: the padding row never
-receives a gradient) and counted once by the clipping norm. ``grad_freq`` and ``max_norm`` (the embedding's
-``scale_grad_by_freq`` and ``max_norm``) are options of the same nn.Embedding that the rebuild must carry; max_norm
-renormalises whole rows, which a hidden slice alone cannot compute.
-
-Axes of the tied subjects reused here: ``padding`` (the embedding's padding_idx) and ``embed_spec``
-(the spec's partition_type; AutoTP slices the hidden dim for either). ``embedding_dim`` sets
-partition_config.embedding_partition_dim: left out or 1, the hidden columns (the layout above); 0, the
-vocabulary rows: a vocabulary-sharded lookup hands every rank the whole hidden vector, so the user's
-``proj`` is then replicated (a skip spec) and the claims say the embedding is sharded along dim 0.
+The user's specs: one for ``embed_tokens.weight``, a row spec for ``proj`` (or a skip spec when
+``embedding_dim`` is 0), the head column-gathered. What AutoTP's rebuild must keep: docs/subjects.md#untied-embedding-spec
 """
 from __future__ import annotations
 

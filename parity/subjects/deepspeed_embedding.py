@@ -1,19 +1,8 @@
 """DeepSpeed 0.19.8 untied VocabParallelEmbedding, built directly (no engine).
 
-An untied embedding becomes vocabulary-parallel only by direct construction (notes, "(b) Direct
-construction"): ``VocabParallelEmbedding(nn.Embedding, tp_group)`` in AutoTP training mode shards
-the table along the vocabulary (dim 0) with its own shard sizes, looks up this rank's rows (other
-tokens are remapped to row 0 and their output zeroed) and all-reduces the partial lookups. A
-padding_idx survives only on the rank whose shard holds it, shifted to the local index.
-
-The rank trains the table alone on references/embedding_lookup.py's task (lookup + squared error),
-with its own SGD: torch.optim.SGD in fp32; in bf16 a float32 master copy updated the same way, as
-DeepSpeed's bf16 optimizer does. Records: the full lookup (replicated after the all-reduce), the
-loss, the weight shard's gradient and the weights after each update.
-
-``embed_scale = "gemma3"``: the table is transformers' Gemma3TextScaledWordEmbedding (embed_scale sqrt(hidden)),
-the one custom embedding forward VocabParallelEmbedding accepts; it copies the buffer and multiplies the reduced
-lookup by it cast to the weight dtype, which must be what HF's unsharded forward gives, forward and gradient.
+The rank wraps nn.Embedding (or Gemma3TextScaledWordEmbedding) in VocabParallelEmbedding and trains the
+table alone on references/embedding_lookup.py's task with its own SGD (fp32) or float32 master (bf16),
+recording the lookup, loss, shard gradient and weights. Details: docs/subjects.md#untied-vocab-parallel-embedding
 """
 from __future__ import annotations
 

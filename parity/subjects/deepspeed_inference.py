@@ -1,46 +1,9 @@
 """DeepSpeed 0.19.8's legacy inference output head, ``LmHeadLinearAllreduce``, logits only.
 
-Reached the way a user reaches it: ``deepspeed.init_inference(model, tensor_parallel={"tp_size": tp},
-replace_with_kernel_inject=False, injection_policy=...)``. After the layer policy runs,
-``replace_transformer_layer`` calls ``set_lm_head``, which hands the module's ``lm_head`` (or
-``embed_out``) to AutoTP with ``all_reduce_linears=("lm_head",)`` and ``training_mode=False``:
-``LmHeadLinearAllreduce`` keeps the weight's hidden-dimension shard [V, H_r] (a cloned Parameter:
-a tied head is untied from its embedding, which stays whole), narrows the input's last dim to
-H_r, multiplies, ``inference_all_reduce``s the partial logits and adds the replicated bias.
-
-Why an injection_policy: the automatic path (tensor_parallel only) runs ``AutoTP.tp_parser``,
-which asserts that the model's repr names a ``...Model`` and that it holds an ``nn.ModuleList`` of
-transformer blocks; the suite's TinyCausalLM has neither and is refused with "Not able to
-determine model policy automatically. Please provide policy." So the subject takes the documented
-user-policy path instead, naming the model's own class and its ``proj``: ``replace_module`` only
-visits children, so no layer is replaced and ``proj`` stays a plain Linear (a claim), and
-``set_lm_head`` shards the head.
-
-``inference_all_reduce`` on CPU: by default the shm op is not built (README "Decisions"), so DeepSpeed
-falls back to ``torch.distributed.all_reduce`` on the TP group. With ``allreduce = "shm"`` the rank builds
-it with DeepSpeed's own ``build_shm_op`` and sets it up as ``deepspeed.init_distributed`` does
-(comm/torch.py, TorchBackend.__init__) under DeepSpeed's launcher, which exports LOCAL_SIZE (launcher/launch.py):
-the op's workspace exists only when LOCAL_SIZE equals the world size. DeepSpeed then takes the op for fp32
-on AVX2 CPUs and for bf16/fp16 on AVX-512BW ones, torch's all_reduce otherwise. Each rank records which one
-ran (observed: torch.distributed.all_reduce called or not), the claims name the one the suite expects from
-the CPU's flags, and the forward's collectives are counted for the case file's ``[matrix.collectives]``
-(one all-reduce, the op's included). Once built, the op stays registered in the process: every other
-inference case sets the backend's kernel level to 0, DeepSpeed's own fallback, and the reset proves it.
-
-A nested head (``head = "model.lm_head"``): ``set_lm_head`` tests ``hasattr(module, "lm_head")`` on the
-top-level model only, so the head stays a replicated ``nn.Linear`` and nothing is reduced; the claims
-stay those of a sharded head, so the module type, the initial shard and the collective count fail
-while the logits agree (a known divergence, ``cases/deepspeed_inference.toml``).
-
-Grain: ``init_inference``'s ``tensor_parallel.tp_grain_size`` defaults to 64 (training's to 1). The
-subject's grain default is 64 and is then not passed (the user's default); any other value is passed.
-
-A second engine in one process (``prior_tp``): the user first ran ``init_inference`` on another model with
-``tp_size = prior_tp`` (the ranks are that many), then this one with ``tp_size = tp``. The first engine's TP group
-is ``InferenceEngine.inference_mp_group``, a class attribute every later engine reuses (engine.py:278-289); here it
-is the plain group of all ranks, what ``new_group(range(prior_tp))`` makes. The claims are those of ``tp``: the ranks
-past ``tp`` are further copies of its layout (``RankContext.tp_dp``), and every rank is fed the same input, so a
-head sharded over all of them still gives the right logits and only its layout tells the two apart.
+Reached through ``deepspeed.init_inference(model, tensor_parallel={"tp_size": tp},
+replace_with_kernel_inject=False, injection_policy=...)``; the rank records the logits, which all-reduce
+ran (torch's or the shm op) and the forward's collectives. Why an injection_policy, the shm op, the nested
+head, the grain default and ``prior_tp``: docs/subjects.md#inference-head
 """
 from __future__ import annotations
 
@@ -80,10 +43,8 @@ def expected_all_reduce(values: dict) -> str:
 
 @functools.cache
 def prebuild_shm_op() -> None:
-    """Build DeepSpeed's shm op once, in a child process, before the first shm case runs: the JIT build takes
-    35-100 s on two idle cores (ten minutes under heavy load) and would otherwise count against that case's
-    timeout; its ranks then load it from torch's extension cache. A failed build is no skip: the ranks build
-    again and fail the case with DeepSpeed's error."""
+    """Build DeepSpeed's shm op once, in a child process, before the first shm case runs, so its ranks load it
+    from torch's extension cache; a failed build is no skip. Why: docs/subjects.md#deepspeeds-cpu-shm-op"""
     code = ("from deepspeed.accelerator import get_accelerator; "
             "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     try:

@@ -1,16 +1,8 @@
 """DeepSpeed 0.19.8's vocab_parallel_kl_div on vocabulary shards (``ds_vocab_kl``).
 
-``deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div(student, teacher, reverse, tp_group)``
-(on-policy distillation's loss) on this rank's block of seeded student and teacher logits, against the
-per-token KL of the full logits (references/kl_div.py: what a user writes with F.kl_div(log_target=True,
-reduction="none").sum(-1)). Records: the per-token KL (replicated), the gradient of each logits tensor
-that requires grad (``kl_grad``: the student's, the teacher's, or both; DeepSpeed's backward gives the
-teacher one unless it is detached), sharded along the vocabulary, and both inputs afterwards (bitwise).
-
-The function validates no shard layout (its docstring: "Teacher and student logits passed to the KL op
-must be sharded identically", checked only as equal local shapes): ``kl_shards`` hands the teacher in
-another layout (bounds moved by one column, or the shards in reverse rank order) to record what it does.
-Like the other loss-only subjects it touches no process-global DeepSpeed state.
+The op on this rank's block of seeded student and teacher logits, against the per-token KL of the full
+logits (references/kl_div.py); records the KL, each input's gradient that requires grad (``kl_grad``) and
+both inputs afterwards. ``kl_shards`` hands the teacher another layout: docs/subjects.md#vocabulary-parallel-kl
 """
 from __future__ import annotations
 
@@ -59,8 +51,7 @@ class DeepSpeedVocabParallelKL(Subject):
 
     def invalid(self, values):
         if values.get("inf_rows", "none") == "masked" and values["vocab"] < 3:
-            # references/kl_div.py masks ids 0, 1, 2, V//2, V-2 and V-1 on single rows: at vocabulary 2 id 2 does
-            # not exist and the teacher's row 4 would be masked whole, which is inf_rows "all" (parity explore --seed 1)
+            # At vocabulary 2 the masked ids would mask a teacher row whole (docs/subjects.md#vocabulary-parallel-kl).
             return "inf_rows 'masked' needs a vocabulary of at least 3 (it masks ids 0-2 and V-2, V-1 on single rows)"
         return super().invalid(values)
 

@@ -1,23 +1,7 @@
 """How far DeepSpeed 0.19.8's AutoTP reaches for the output head when the user does not name it the way the
-other engine subjects do (issue 13, "reach").
-
-- ``spec_reach``: a partition_config spec meant for the head that DeepSpeed's matcher may not apply (axis ``reach``):
-  ``anchored``, the pattern ``lm_head\\.weight$`` on a nested ``model.lm_head`` (``TPLayerSpec.matches`` uses
-  ``re.match``, anchored at the start of the full name); ``model_types``, the head's own escaped path restricted to
-  ``model_types: ["llama"]`` on a model without ``config`` (``AutoTP._get_model_type`` then finds no type and the spec
-  never matches); ``model_types_config``, the same spec on the same model given a ``config.model_type`` of "llama", the
-  twin where the restriction is satisfied. The claims are what the user asked for: a gathered column head.
-- ``preset_llama``: ``tensor_parallel.preset_model: "llama"`` (``AutoTPPresets.llama``, no partition_config) on
-  TinyLlamaModel (references/tiny_lm.py), with ``vocab_parallel_lm_head`` true or false.
-- ``heuristic_blocks``: no partition_config, no tp_plan: the engine's heuristic path (``AutoTP.tp_parser`` +
-  ``replace_transformer_layer(training_mode=True)``, engine.py:1201-1231) on the same model, ``vocab_parallel_lm_head``
-  true (a separate AutoTP replaces the head) or false (nothing reaches the head: ``set_lm_head`` returns at once in
-  training mode). With the head registered in the last block (``head = "layers.1.lm_head"``) the block walk reaches it:
-  false makes it a gathered column LinearLayer (``AutoTP._replace``'s training rule for an lm_head name).
-
-TinyLlamaModel is the user's model, so the reference is the same model trained unsharded (references/trajectory.py);
-every block projection's shards are declared in the claims, so the gradients and weights of the blocks are checked
-whole, not only the head's.
+other engine subjects do (issue 13, "reach"): ``spec_reach`` (specs the matcher may not apply),
+``preset_llama`` (preset_model "llama") and ``heuristic_blocks`` (the engine's heuristic path), on
+TinyLlamaModel, with every block projection's shards claimed. What DeepSpeed does on each: docs/subjects.md#the-heads-reach
 """
 from __future__ import annotations
 
@@ -87,7 +71,7 @@ class LlamaBlocksHead(EngineHead):
         return dataclasses.replace(super().model_spec(values), blocks=BLOCKS)
 
     def invalid(self, values):
-        # Found by parity explore --seed 1 (a84fdcc): reduction "sum" through DeepSpeed's loss measured a mean.
+        # DeepSpeed's loss offers no 'sum' or 'none' (docs/subjects.md#the-heads-reach).
         if values["vocab_parallel_lm_head"] == "true" and values.get("reduction", "mean") not in ("mean", "num_items"):
             return ("vocab_parallel_lm_head installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
                     "num_items_in_batch: 'none' and 'sum' are no reduction it offers (as the vocab_parallel subject's "

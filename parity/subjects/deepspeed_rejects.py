@@ -1,14 +1,8 @@
 """DeepSpeed 0.19.8's documented error paths for output heads and vocabulary-parallel losses.
 
-One subject, ``ds_reject``, whose ``variant`` axis names the rejection. Each variant builds the
-model and config (or the CE call) that a user would write, and calls ``deepspeed.initialize`` (or the
-CE function) the way users do. Its case (cases/deepspeed_rejects.toml) demands that every rank
-raises the named exception with a fragment of DeepSpeed's own message; a rejection that only some
-ranks raise, or none, fails the case.
-
-Models are small variations of the suite's TinyCausalLM, defined here so the reference model stays
-free of DeepSpeed: an embedding with max_norm / sparse / scale_grad_by_freq, a head renamed
-``output``, a head whose weight is shared with a non-Embedding module, a read-only ``loss_function``.
+One subject, ``ds_reject``, whose ``variant`` axis names the rejection: each variant builds what a user
+would write and calls ``deepspeed.initialize`` (or the CE function); every rank must raise the named
+exception (cases/deepspeed_rejects.toml). More: docs/subjects.md#rejections
 """
 from __future__ import annotations
 

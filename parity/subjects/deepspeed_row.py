@@ -1,12 +1,8 @@
 """DeepSpeed 0.19.8 row-parallel (hidden-dimension) output head in training (#8538).
 
-A ``partition_type: "row"`` spec on a head named lm_head/embed_out, in training mode, makes
-AutoTP build ``LinearAllreduceWithReplicatedInput`` (module_inject/auto_tp.py,
-``_create_row_parallel_layer``): the replicated hidden state is narrowed to this rank's hidden
-slice (``ScatterToTensorParallelRegion``, whose backward all-reduces the input gradient), multiplied
-by the weight's column shard [V, H/tp], all-reduced (``RowParallel``), and the replicated bias is
-added after the reduce. Logits are full on every rank; the loss is the suite's own CE, so every
-reduction applies. The engine loop is EngineHead's.
+A ``partition_type: "row"`` spec on the head makes AutoTP build ``LinearAllreduceWithReplicatedInput``:
+full logits on every rank, the suite's CE on top; the engine loop is EngineHead's.
+How AutoTP builds it: docs/subjects.md#row-parallel-head
 """
 from __future__ import annotations
 

@@ -1,38 +1,8 @@
 """DeepSpeed 0.19.8 AutoTP output heads whose weight IS the input embedding's weight (tied).
 
-The model is the suite's TinyCausalLM with ``tied=True``: ``lm_head.weight is embed_tokens.weight``,
-so the reference names the one Parameter ``embed_tokens.weight`` and its gradient is the full tied
-gradient (lookup + projection). Both subjects must keep one Parameter per rank, sharded once:
-
-- ``tied_row_parallel`` (#8680): a ``partition_type: "row"`` spec on the head builds
-  ``LinearAllreduceWithReplicatedInput`` (weight [V, H/tp]); AutoTP snapshots the tie before the
-  walk (``_find_tied_row_parallel_embedding_ids``), leaves the embedding to the head
-  (``_slice_embedding`` returns early) and replaces it with ``HiddenParallelEmbedding`` sharing the
-  head's shard: the lookup reads this rank's hidden columns and all-gathers them along hidden.
-- ``tied_column_gathered``: a gathered column spec (``gather_output: true``) on a tied head. AutoTP cannot
-  shard one Parameter as a gathered column head and keep it the embedding's, so it leaves both replicated and
-  tied, with a warning (``_configure_gathered_column_tie_fallbacks``, auto_tp.py:808-864, run before the walk;
-  the walk then skips both names, an explicit embedding spec included): plain torch on every rank.
-- ``tied_plan_head``: the same tied model carrying an HF-style tp_plan (``embed_tokens: embedding_rowwise``, the head
-  ``colwise_gather_output``) and no partition_config, so the engine takes the plan's path. With
-  ``vocab_parallel_lm_head`` unset, DeepSpeed turns the vocabulary-parallel head on by itself only for a tied Linear
-  named ``lm_head`` or ``embed_out`` (engine.py:1116-1125, the names hard-coded); a head named ``output`` gets the
-  gathered-column tie fallback instead: both replicated, plain torch.
-- ``tied_vocab_parallel`` (#8859): ``vocab_parallel_lm_head: true``; the tied embedding is recorded
-  in ``_tied_vocab_parallel_embedding_ids`` at AutoTP construction and replaced by
-  ``VocabParallelEmbedding(tied_vocab_parallel_linear=head)`` (masked local lookup + all-reduce)
-  sharing the head's vocabulary shard [V/tp, H]; the engine installs the vocab-parallel CE.
-
-Axes of their own (parity/matrix/axes.py, declared only here, so no other id changes):
-- ``padding``: the embedding's padding_idx (none / token 0 / token vocab-1). HiddenParallelEmbedding
-  keeps it as is; VocabParallelEmbedding keeps it only on the rank whose shard holds it, remapped.
-- ``grad_freq`` (tied_row_parallel): the embedding's ``scale_grad_by_freq``.
-- ``embed_scale``: ``gemma3`` hands DeepSpeed transformers' Gemma3TextScaledWordEmbedding (lookups times
-  sqrt(hidden) cast to the weight dtype); both embedding layers carry its buffer, and the reference's model
-  multiplies as HF's forward does (references/tiny_lm.py ScaledWordEmbedding).
-- ``embed_spec``: an explicit partition_config spec for ``embed_tokens.weight``. embed_tokens is
-  registered before the head, so the walk reaches it first; the spec must neither slice it on its own
-  nor break the tie (the ordering bug #8680 fixes: the tie is snapshotted before the walk).
+The model is TinyCausalLM with ``tied=True``; each subject (tied_row_parallel, tied_column_gathered,
+tied_plan_head, tied_vocab_parallel) must keep one Parameter per rank, sharded once. How AutoTP treats
+each tie, and the axes only these subjects declare: docs/subjects.md#tied-heads
 """
 from __future__ import annotations
 
@@ -105,10 +75,7 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
     name = "tied_row_parallel"
     description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
-    # Only lm_head for now (the claims name it); a tied embed_out would work the same way in the model
-    # but is not covered yet. embed_out is covered untied by row_parallel / vocab_parallel.
-    # grad_freq: HiddenParallelEmbedding keeps scale_grad_by_freq (every rank looks up every id, so the counts are
-    # the batch's); VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad).
+    # Only lm_head for now (the claims name it); grad_freq only here (docs/subjects.md#tied-heads).
     axes = {**COMMON_AXES, "head": ("lm_head",), **TIED_AXES, "save": None, "grad_freq": None}
 
     def claims(self, values):
@@ -122,9 +89,7 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
-    # head model.lm_head: with a config whose head count divides the vocabulary, AutoTP's kv-head split reaches a
-    # nested head (tp_shard.get_shard_size), and the tied embedding takes the head's layout.
-    # autocast_modules stays with the untied heads (a tied weight's mark would also cover the embedding's reduction).
+    # head model.lm_head: reached by AutoTP's kv-head split; no autocast_modules (docs/subjects.md#tied-heads).
     axes = {**{k: v for k, v in VocabParallelHead.axes.items() if k != "autocast_modules"},
             "head": ("lm_head", "model.lm_head"), **TIED_AXES, "process": None}
 
@@ -163,9 +128,8 @@ class TiedPlanHead(TiedColumnGatheredHead):
     defaults = {"head": "output"}
 
     def auto_vocab_parallel(self, values) -> bool:
-        # engine.py:1116-1125: the tied-head test reads only these two names, not partition_config.lm_head_patterns.
-        # Two tied heads qualify: the engine catches _resolve_vocab_parallel_lm_head's "multiple heads" ValueError
-        # (engine.py:1163-1177) and falls back to replicated heads, which is what a second head claims.
+        # DeepSpeed's tied-head test reads only these two names; two tied heads fall back to replicated heads
+        # (docs/subjects.md#tied-heads).
         return (values["vocab_parallel_lm_head"] == "unset" and values.get("second_head", "none") == "none"
                 and values["head"].split(".")[-1] in ("lm_head", "embed_out"))
 

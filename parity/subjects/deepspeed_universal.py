@@ -1,17 +1,8 @@
 """DeepSpeed 0.19.8's universal checkpoint for an AutoTP-sharded head, the user's path end to end (issue 13).
 
-The user trains at one TP size (save_tp; the world's other factor is data parallelism), calls
-engine.save_checkpoint, converts the folder with ds_to_universal as its CLI does, and resumes in a fresh engine
-with checkpoint.load_universal at the case's tp x dp (same world), then trains on. Plain PyTorch's promise for a
-resume: the weights and the optimizer state come back exactly, so training on is the uninterrupted run. The
-optimizer is torch.optim.AdamW (references/adamw_trajectory.py): ds_to_universal converts Adam's moments only
-(a plain SGD checkpoint stops it with a KeyError: a known divergence in cases/deepspeed_universal.toml), and the
-moments are half of what a resume must restore.
-
-What each rank hands back beyond the trajectory records: facts["checkpointed"] (its TP-local weight, float32
-master and moments, read through DeepSpeed's safe_get_full_* API, just before saving, with the save layout's TP
-and DP rank) and facts["resumed"] (the same after load_checkpoint, at the case's layout). parity/checks/resume.py
-holds every resumed tensor bitwise to the saved ones concatenated and re-sliced by the suite's own formula.
+Train at save_tp with AdamW, save_checkpoint, ds_to_universal, load_universal at the case's tp x dp, train
+on; each rank also hands back facts["checkpointed"] and facts["resumed"] for parity/checks/resume.py.
+Why AdamW and what is held bitwise: docs/subjects.md#universal-checkpoint
 """
 from __future__ import annotations
 

@@ -1,38 +1,8 @@
 """DeepSpeed 0.19.8 AutoTP driven by a HuggingFace model's own tp_plan (no partition_config).
 
-The model is a tiny ``LlamaForCausalLM`` built locally from a ``LlamaConfig`` (no hub access): one
-decoder layer, hidden 32, 2 attention heads = 2 kv heads, intermediate 64, eager attention, no biases.
-With ``tensor_parallel.partition_config`` absent and autotp_size > 1, the engine
-(``runtime/engine.py``, ``_apply_autotp_partitioning``) reads the plan with ``_get_hf_tp_plan``,
-which merges ``config.base_model_tp_plan`` (attention/MLP: q/k/v, gate/up ``colwise``, o/down
-``rowwise``), the class plan (``lm_head: colwise_gather_output``) and the instance plan that
-transformers 5.24 writes in ``post_init`` (which adds ``model.embed_tokens: embedding_rowwise`` for
-every model, tied or not). ``TPPlanConverter`` turns it into layer specs:
-colwise -> column, colwise_rep / colwise_gather_output -> column with gather_output, rowwise -> row,
-embedding_rowwise -> skip (the tied vocab-parallel path handles the embedding itself).
-
-Subjects (the head's style is set through the instance plan, ``model._tp_plan["lm_head"]``, the
-last of the three plans ``_get_hf_tp_plan`` merges, so it wins):
-- ``hf_plan_column``: lm_head ``colwise_gather_output`` or its old name ``colwise_rep`` ->
-  ``LinearLayer`` (gather_output) with full logits, HF's own loss.
-- ``hf_plan_row``: lm_head ``rowwise`` -> ``LinearAllreduceWithReplicatedInput`` (weight sharded on
-  hidden), full logits, HF's own loss.
-- ``hf_plan_tied``: tied embeddings, the default plan (lm_head ``colwise_gather_output`` +
-  ``embedding_rowwise``), ``vocab_parallel_lm_head`` true / false / unset. true and unset (None: the
-  engine's auto path, because the tied head's embedding is planned ``embedding_rowwise``) ->
-  ``VocabParallelLinear`` + ``VocabParallelEmbedding`` sharing one vocab shard, local logits,
-  ``VocabParallelCausalLMLoss``. false -> AutoTP's gathered-column tie fallback
-  (``_configure_gathered_column_tie_fallbacks``) keeps lm_head and embed_tokens replicated, tied.
-
-In every subject the plan also shards attention and MLP; claims declare each of those parameters
-(column: dim 0, row: dim 1). With hidden 32, intermediate 64 and 2 kv heads at TP=2 every one of
-those splits is even, so DeepSpeed's kv-head branch and the suite's near-even formula agree.
-
-Reference: the same transformers model, built from the same seed in the parent (which imports
-transformers, never deepspeed), trained unsharded at the case dtype and in float64. Its logits come
-from the HF forward (labels not passed); its loss is the suite's own CE (references/loss.py), so the
-HF loss that the column/row subjects run is compared against independent code. Training semantics
-are references/trajectory.py's (dp 1, no clipping).
+A tiny local ``LlamaForCausalLM``; the head's style is set in the instance plan (``model._tp_plan``):
+``hf_plan_column``, ``hf_plan_row``, ``hf_plan_tied``. The reference is the same transformers model trained
+unsharded with the suite's own CE. How the engine reads and converts the plan: docs/subjects.md#hf-tp_plan-heads
 """
 from __future__ import annotations
 

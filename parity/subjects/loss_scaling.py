@@ -1,17 +1,8 @@
 """fp16 dynamic loss scaling on the engine heads (issue 13, inventory row fp16.loss_scale ... min_loss_scale).
 
-The loss_scale axis names a DeepSpeed fp16 section. "static" is every other fp16 case's scale of 1. The
-dynamic values start at 2**power on a model whose gradients are known to overflow fp16 there and not at
-half of it (vocab 34, hidden 32, mean, seed 0: the largest gradient, lm_head's bias in row 33, times 2**19
-is 2**0.52 over fp16's largest value at step 0; at 2**18 steps 1-4 stay at least 2**-0.82 under it, and
-each replica of dp 2 at least 2**-0.10; measured with references/grad_scaler.py's rule), so the first step
-must overflow and be skipped on every rank, whatever the sharding. Row 33 is the only one that overflows,
-and it lies in TP rank 1's shard: rank 0's own gradients are finite, so it skips only on its peers' word.
-
-What each rank decided (the scale each step ran under, the steps its optimizer skipped, the engine's
-skipped_steps) is read back from DeepSpeed and held to DeepSpeed's documented schedule (``documented``),
-computed here from the same overflow threshold; the ranks must agree with each other whatever the
-formula says. The numbers are held to plain torch's GradScaler (references/grad_scaler.py).
+The loss_scale axis names a DeepSpeed fp16 section ("static": a scale of 1); each rank's scales and
+skipped steps are read back and held to DeepSpeed's documented schedule (``documented``) and across ranks,
+the numbers to torch's GradScaler. Why the first dynamic step must overflow (measured): docs/subjects.md#fp16-dynamic-loss-scaling
 """
 from __future__ import annotations
 

@@ -1,32 +1,9 @@
 """Megatron-core 0.16.1 tensor-parallel layers (``megatron.core.tensor_parallel``) on the tiny LM.
 
-Each case initialises Megatron's model-parallel state over the rank group the worker made
-(``parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)``) and destroys it after
-the case, and ``reset_process_state`` destroys whatever a crashed case left and proves it. Layers are
-built as a Megatron user builds them (``ModelParallelConfig(use_cpu_initialization=True,
-perform_initialization=False, params_dtype=...)``), then the reference's initial weights are copied
-into the shards, so initial weights compare bitwise.
-
-- ``megatron_column_gathered``: ``ColumnParallelLinear(gather_output=True)`` as the head, the suite's
-  CE on the full logits. Its all-gather allocates on ``torch.cuda.current_device()``
-  (tensor_parallel/mappings.py ``_gather_along_last_dim``): CUDA only.
-- ``megatron_vocab_parallel``: ``ColumnParallelLinear(gather_output=False)`` + ``vocab_parallel_cross_entropy``.
-- ``megatron_vocab_embedding``: ``VocabParallelEmbedding`` (masked lookup + all-reduce); untied the head
-  stays a plain replicated nn.Linear with the suite's CE; tied, the head is GPTModel's
-  ``share_embeddings_and_output_weights``: ``ColumnParallelLinear(skip_weight_param_allocation=True)``
-  called with the embedding's sharded weight, and the vocab-parallel CE.
-
-The vocab-parallel loss is applied as Megatron's pretrain_gpt ``loss_func`` does: the CE gives
-per-token losses (it has no ignore_index), multiplied by ``loss_mask = labels != ignore_index``;
-sum -> their sum, mean -> sum / max(loss_mask.sum(), 1) (per micro-batch, as the schedule's forward_step
-divides without calculate_per_token_loss), num_items -> sum / the step's token
-count (``calculate_per_token_loss``), none -> the masked per-token losses. The CE receives
-``logits.float()`` as GPTModel passes them; the logits recorded are the tensor the user holds after
-the loss call (ci/repro/megatron_ce_overwrites_fp32_logits.py: in fp32 Megatron overwrites them).
-
-Megatron's VocabUtility divides the vocabulary evenly (``divide`` asserts), so an uneven vocabulary is
-rejected at layer construction, before the model is touched: a rejection case. Training is the
-driver's (parity/subjects/driver.py), as in torch_tp.py.
+Each case initialises (and then destroys) Megatron's model-parallel state over the worker's group, builds
+the layers as a Megatron user does and copies the reference's initial weights into the shards; subjects
+``megatron_column_gathered``, ``megatron_vocab_parallel``, ``megatron_vocab_embedding``, trained by the
+driver. How the loss is applied and why: docs/subjects.md#megatron-core
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """The plain-SGD update of the subjects that train with no engine (torch_tp.py, megatron_tp.py,
-deepspeed_direct.py), as a user of those layers would write it. The reference's own update is
-references/sgd.py, kept apart: subjects do not run the reference's code.
-
-- fp32: ``torch.optim.SGD(params, lr)``, stepping from ``p.grad`` as autograd left it (on DTensor
-  parameters, torch_tp.py, SGD's own update redistributes a gradient of another placement).
-- bf16/fp16: a float32 master copy per parameter, taken when the optimizer is made;
-  ``master -= lr * grad`` with the float32 gradient the subject recorded, then cast back into the
-  parameter (as DeepSpeed's bf16 optimizer and the HF Trainer's mixed precision do). The subjects
-  record those masters (``masters``), as the DeepSpeed engine subjects record the engine's: a master
-  that lost precision is invisible in the bf16 weights for steps, and weight_changed needs the master
-  to tell an update that has not crossed a rounding midpoint yet from one that was skipped.
+deepspeed_direct.py), as a user of those layers would write it: torch.optim.SGD in fp32; in bf16/fp16 a
+float32 master per parameter, stepped and cast back, and recorded (``masters``). The reference's update
+(references/sgd.py) is kept apart. Why the masters are recorded: docs/subjects.md#plain-sgd
 """
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``, DTensor) on the tiny LM.
 
-Plans follow torchtitan's Llama output layer and token embedding (models/llama3/infra/parallelize.py):
-``output: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else
-Replicate(), use_local_output=not loss_parallel)`` and ``tok_embeddings: RowwiseParallel(
-input_layouts=Replicate(), output_layouts=Shard(1))``, its CE upcasting the logits to float32 first.
-The tiny LM has no sequence-parallel norm, so the head's input and the embedding's output are
-``Replicate()`` here where torchtitan has ``Shard(1)``.
-
-- ``torch_column_gathered``: ColwiseParallel with Replicate output (an all-gather of the logits); the suite's CE.
-- ``torch_vocab_parallel``: ColwiseParallel(use_local_output=False), Shard(-1) logits, and the CE
-  ``F.cross_entropy`` under ``loss_parallel()`` (forward and backward inside it, as torch requires).
-- ``torch_row_parallel``: RowwiseParallel(input_layouts=Replicate()): weight sharded along hidden,
-  bias replicated, the Partial logits all-reduced; the suite's CE.
-- ``torch_vocab_embedding``: RowwiseParallel on ``nn.Embedding`` (table sharded along the vocabulary,
-  masked lookup, all-reduce); untied, the head stays a plain replicated Linear; tied, the head is
-  ColwiseParallel with Replicate output and holds the embedding's Parameter.
-
-Training is the driver's (parity/subjects/driver.py), as in deepspeed_direct.py, with the plain SGD
-running on the DTensor parameters as a DTensor user's would. A rank records its local
-shards (``to_local``), so the shard widths are checked against ``Claims.split = "chunk"``: DTensor's
-Shard splits as torch.chunk does (parity/observe/partition.py), not as AutoTP does.
+Plans after torchtitan's Llama output layer and token embedding: ``torch_column_gathered``,
+``torch_vocab_parallel`` (loss_parallel), ``torch_row_parallel``, ``torch_vocab_embedding``; trained by
+the driver with plain SGD on the DTensor parameters, local shards recorded against ``split = "chunk"``.
+Details: docs/subjects.md#pytorch-dtensor
 """
 from __future__ import annotations
 
