@@ -35,6 +35,8 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
+    """Every module the file imports, wherever the import statement stands (ast.walk: module level, inside
+    functions and methods alike), and every importlib.import_module of a constant name."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -42,6 +44,10 @@ def imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}  # `from parity.observe import collectives`
+        elif (isinstance(node, ast.Call) and "import_module" in (getattr(node.func, "attr", None),
+                                                                 getattr(node.func, "id", None))
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.add(node.args[0].value)
     return {m for m in found if m.split(".")[0] in ("parity", "references")}
 
 
@@ -97,3 +103,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from parity.harness.runner import Runner\n")
     assert "parity.harness.runner" in imports(probe)
+    # Deferred ones count the same: inside a method, and through importlib.
+    probe.write_text("class S:\n    def run_rank(self):\n        from parity.report import html\n"
+                     "        import importlib\n        importlib.import_module('parity.harness.placement')\n")
+    assert {"parity.report", "parity.report.html", "parity.harness.placement"} <= imports(probe)

@@ -2,8 +2,7 @@
 
 Generated from the case files like the coverage table (parity/matrix/coverage.py) and kept current by
 tests/matrix/test_frameworks.py. A cell is "parity / known div. / rejection": the outcome the case file
-declares, not a run's result. Every subject of parity.subjects is either mapped to a feature here or
-named in OTHER, so a new head subject cannot drop out of the table unnoticed.
+declares, not a run's result. Each subject declares its row (Subject.feature) and its column (Subject.framework).
 """
 from __future__ import annotations
 
@@ -13,30 +12,27 @@ BEGIN, END = "<!-- frameworks:begin -->", "<!-- frameworks:end -->"
 COLUMN, VOCAB, ROW, EMBED, TIED = ("column head (gathered logits)", "vocab-parallel head + CE", "row head",
                                    "vocab-parallel embedding", "tied embedding / head")
 FEATURES_IN_ORDER = (COLUMN, VOCAB, ROW, EMBED, TIED)
-# Columns: Subject.framework -> header. Liger has only a loss (no head), so it is no column.
-FRAMEWORK_COLUMNS = {"deepspeed": "DeepSpeed", "torch": "PyTorch DTensor", "megatron": "Megatron-core"}
-FEATURES = {
-    "column_gathered": COLUMN, "direct_column_gathered": COLUMN, "hf_plan_column": COLUMN,
-    "torch_column_gathered": COLUMN, "megatron_column_gathered": COLUMN,
-    "vocab_parallel": VOCAB, "direct_vocab_parallel": VOCAB, "torch_vocab_parallel": VOCAB,
-    "megatron_vocab_parallel": VOCAB,
-    "row_parallel": ROW, "direct_row_parallel": ROW, "hf_plan_row": ROW, "torch_row_parallel": ROW,
-    "vocab_parallel_embedding": EMBED, "torch_vocab_embedding": EMBED, "megatron_vocab_embedding": EMBED,
-    "tied_row_parallel": TIED, "tied_vocab_parallel": TIED, "tied_column_gathered": TIED, "tied_plan_head": TIED,
-    "hf_plan_tied": TIED,
-}
-# Subjects that are no head feature of the table: losses alone, error paths, inference, an embedding spec, and how
-# DeepSpeed finds the head (spec_reach, preset_llama, heuristic_blocks: DeepSpeed's module selection, no other
-# framework has it), and DeepSpeed's universal checkpoint (uc_*: a save / convert / resume path, not a head's arithmetic).
-OTHER = {"liger_vocab_ce", "ds_vocab_ce", "ds_liger_ce", "ds_liger_no_group", "ds_fused_linear_ce", "ds_reject",
-         "ds_vocab_logprobs", "ds_vocab_entropy", "ds_vocab_kl", "ds_vocab_ce_module", "ds_vocab_seq_ce",
-         "inference_head", "embed_spec_untied", "spec_reach", "preset_llama", "heuristic_blocks",
-         "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"}
+# Column headers of the frameworks known here, in the README's order; a framework not named here gets a column
+# headed by its own name, after these. A framework is a column where any of its subjects has a feature (Liger has
+# only a loss, no head, so it is none).
+FRAMEWORK_TITLES = {"deepspeed": "DeepSpeed", "torch": "PyTorch DTensor", "megatron": "Megatron-core"}
+
+
+def framework_columns() -> dict:
+    """Subject.framework -> column header, for every framework with a subject in a row of the table."""
+    from parity.subjects import FRAMEWORKS, SUBJECTS
+
+    with_rows = {s.framework for s in SUBJECTS.values() if s.feature}
+    ordered = [fw for fw in FRAMEWORK_TITLES if fw in with_rows] + [fw for fw in FRAMEWORKS if fw in with_rows
+                                                                    and fw not in FRAMEWORK_TITLES]
+    return {fw: FRAMEWORK_TITLES.get(fw, fw) for fw in ordered}
 
 
 def feature(case) -> str | None:
-    """A case's feature: its subject's, except that a tied case of an embedding subject is the tied feature."""
-    found = FEATURES.get(case.subject)
+    """A case's feature (Subject.feature), except that a tied case of an embedding subject is the tied feature."""
+    from parity.subjects import SUBJECTS
+
+    found = SUBJECTS[case.subject].feature
     if found == EMBED and case.values.get("tied"):
         return TIED
     return found
@@ -49,16 +45,17 @@ def _outcome(case) -> str:
 def framework_table(cases) -> str:
     from parity.subjects import SUBJECTS
 
+    columns = framework_columns()
     counts = {}
     for c in cases:
         feat, fw = feature(c), SUBJECTS[c.subject].framework
-        if feat and fw in FRAMEWORK_COLUMNS:
+        if feat and fw in columns:
             counts.setdefault((feat, fw), Counter())[_outcome(c)] += 1
-    header = ["feature"] + list(FRAMEWORK_COLUMNS.values())
+    header = ["feature"] + list(columns.values())
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for feat in FEATURES_IN_ORDER:
         cells = []
-        for fw in FRAMEWORK_COLUMNS:
+        for fw in columns:
             k = counts.get((feat, fw))
             cells.append(f"{k['parity']} / {k['divergence']} / {k['rejection']}" if k else "-")
         lines.append("| " + " | ".join([feat] + cells) + " |")

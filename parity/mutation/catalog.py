@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 ENV_VAR = "PARITY_MUTANT"
+# The families (subject names) the mutants below break; families() says which families there are.
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
 ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
 TIED_COLUMN = "tied_column_gathered"  # a gathered column spec on a tied head: AutoTP's replicated tie fallback
@@ -51,11 +52,17 @@ EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
 UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
-# Every subject of parity.subjects is a family with at least one mutant (tests/observe/test_collectives.py).
-FAMILIES = (COLUMN, VOCAB, ROW, TIED_ROW, TIED_VOCAB, TIED_COLUMN, TIED_PLAN, EMBED, DS_CE, FUSED_CE, LIGER_CE, D_COLUMN, D_VOCAB, D_ROW,
-            DS_LIGER, DS_LIGER_NO_GROUP, INFERENCE, REJECT, HF_COLUMN, HF_ROW, HF_TIED, T_COLUMN, T_VOCAB, T_ROW,
-            T_EMBED, EMBED_SPEC, M_COLUMN, M_VOCAB, M_EMBED, DS_LOGPROBS, DS_ENTROPY, DS_KL, DS_CE_MODULE, DS_SEQ_CE,
-            SPEC_REACH, PRESET, HEURISTIC, UC_COLUMN, UC_VOCAB, UC_ROW)
+
+
+def families() -> tuple:
+    """The case families, one per subject (a family is a subject's name), in registry order: every subject of the
+    parity.subjects package (each has at least one mutant: tests/observe/test_collectives.py), and a subject added
+    through PARITY_SUBJECT_MODULES where a registered mutant names it (one without, such as a deliberately broken
+    self-test subject, is no family)."""
+    from parity.subjects import SUBJECTS
+
+    named = {f for m in MUTANTS for f in m.families}
+    return tuple(n for n, s in SUBJECTS.items() if type(s).__module__.startswith("parity.subjects.") or n in named)
 
 
 @dataclass(frozen=True)
@@ -1451,7 +1458,26 @@ MUTANTS = [
 BY_NAME = {m.name: m for m in MUTANTS}
 
 
+def register(*mutants: Mutant) -> None:
+    """Add mutants of a subject module's own code (one brought in through PARITY_SUBJECT_MODULES declares them at
+    import, so parent and rank processes both know them)."""
+    for m in mutants:
+        if m.name in BY_NAME:
+            raise ValueError(f"mutant {m.name!r} is already in the catalog")
+        MUTANTS.append(m)
+        BY_NAME[m.name] = m
+
+
+def mutants() -> list[Mutant]:
+    """Every mutant: the catalog's and those the registered subject modules added (importing the registry
+    imports them)."""
+    import parity.subjects  # noqa: F401
+
+    return MUTANTS
+
+
 def get(name: str) -> Mutant:
+    mutants()
     try:
         return BY_NAME[name]
     except KeyError:

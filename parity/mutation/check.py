@@ -242,7 +242,10 @@ def select_cases(families, per_family: int | None) -> dict:
     by_id = {c.id: c for c in load()}
     out = {}
     for fam in families:
-        ids = SELECTION[fam][:per_family] if per_family else SELECTION[fam]
+        # A family without a selection here (a subject module's own, PARITY_SUBJECT_MODULES) takes its subject's
+        # cases of the default matrix.
+        chosen = SELECTION.get(fam) or [c.id for c in by_id.values() if c.subject == fam]
+        ids = chosen[:per_family] if per_family else chosen
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise SystemExit(f"mutation check: case {missing[0]!r} is not in the default matrix")
@@ -266,7 +269,7 @@ def select_cases(families, per_family: int | None) -> dict:
 
 
 def kill_matrix_text(rows: list[dict]) -> str:
-    families = list(catalog.FAMILIES)
+    families = list(catalog.families())
     width = max(len(r["mutant"]) for r in rows) + 2
     families = [f for f in families if any(f in r["cells"] for r in rows)]
     cw = {f: len(f) + 2 for f in families}
@@ -306,12 +309,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    every = catalog.mutants()
     unknown = [n for n in args.mutant or () if n not in catalog.BY_NAME]
     if unknown:
         print(f"mutation check: unknown mutant {unknown[0]!r} (--list shows the catalog)", file=sys.stderr)
         return 2
     if args.list:
-        for m in catalog.MUTANTS:
+        for m in every:
             eq = f"  [equivalent: {m.equivalent}]" if m.equivalent else ""
             print(f"{m.name} ({m.where}; {', '.join(m.families)}; caught by {m.observable})\n"
                   f"    replaces {m.replaces}\n    {m.description}{eq}")
@@ -323,12 +327,12 @@ def run(args) -> int:
         plan = [(catalog.get(n), (fam,)) for n, fam in FAST_MUTANTS.items()]
         per_family = FAST_CASES
     else:
-        plan = [(m, m.families) for m in catalog.MUTANTS]
+        plan = [(m, m.families) for m in every]
         per_family = None
     if args.mutant:
         plan = [(catalog.get(n), catalog.get(n).families) for n in args.mutant] if not args.fast else \
             [p for p in plan if p[0].name in args.mutant]
-    families = sorted({f for _, fams in plan for f in fams}, key=catalog.FAMILIES.index)
+    families = sorted({f for _, fams in plan for f in fams}, key=catalog.families().index)
     cases = select_cases(families, per_family)
     not_here = [f for f in families if f not in cases]
     families = [f for f in families if f in cases]

@@ -1,4 +1,5 @@
-"""Subject registry. Adding a framework = one module here + one case file under cases/.
+"""Subject registry. Adding a framework = one module here + one case file under cases/: the module's Subject
+classes declare everything the registries and the README tables read (name, framework, feature, axes, claims).
 
 PARITY_SUBJECT_MODULES (comma-separated module names, each with a SUBJECTS list) adds subjects
 from elsewhere, e.g. the deliberately broken subjects of the self-tests. Rank processes inherit
@@ -9,48 +10,37 @@ started from, so `tests.faulty_subjects` would not import from there otherwise.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import pkgutil
 import sys
 
-from parity.subjects.deepspeed_autotp import ColumnGatheredHead, VocabParallelHead
-from parity.subjects.deepspeed_ce import (DeepSpeedFusedLinearCE, DeepSpeedLigerGuardedCE, DeepSpeedLigerWithoutGroup,
-                                         DeepSpeedVocabParallelCE, DeepSpeedVocabParallelCEModule,
-                                         DeepSpeedVocabParallelEntropy, DeepSpeedVocabParallelLogProbs,
-                                         DeepSpeedVocabSequenceParallelCE)
-from parity.subjects.deepspeed_kl import DeepSpeedVocabParallelKL
-from parity.subjects.deepspeed_direct import DirectColumnGatheredHead, DirectRowParallelHead, DirectVocabParallelHead
-from parity.subjects.deepspeed_embed_spec import EmbeddingSpecHead
-from parity.subjects.deepspeed_embedding import DirectVocabParallelEmbedding
-from parity.subjects.deepspeed_inference import InferenceHead
-from parity.subjects.deepspeed_reach import HeuristicBlocksHead, PresetLlamaHead, SpecReachHead
-from parity.subjects.deepspeed_rejects import DeepSpeedRejection
-from parity.subjects.deepspeed_row import RowParallelHead
-from parity.subjects.deepspeed_tied import (TiedColumnGatheredHead, TiedPlanHead, TiedRowParallelHead,
-                                            TiedVocabParallelHead)
-from parity.subjects.deepspeed_universal import UniversalColumnGathered, UniversalRowParallel, UniversalVocabParallel
-from parity.subjects.hf_tp_plan import HFPlanColumnHead, HFPlanRowHead, HFPlanTiedHead
-from parity.subjects.liger_ce import LigerVocabParallelCE
-from parity.subjects.megatron_tp import (MegatronColumnGatheredHead, MegatronVocabParallelEmbedding,
-                                         MegatronVocabParallelHead)
-from parity.subjects.torch_tp import (TorchColumnGatheredHead, TorchRowParallelHead, TorchVocabParallelEmbedding,
-                                      TorchVocabParallelHead)
+from parity.subjects.base import Subject
 
-SUBJECTS = {s.name: s for s in [ColumnGatheredHead(), VocabParallelHead(), RowParallelHead(),
-                                LigerVocabParallelCE(), DeepSpeedVocabParallelCE(), DeepSpeedLigerGuardedCE(), DeepSpeedLigerWithoutGroup(),
-                                DeepSpeedFusedLinearCE(), DeepSpeedVocabParallelLogProbs(), DeepSpeedVocabParallelEntropy(),
-                                DeepSpeedVocabParallelKL(), DeepSpeedVocabParallelCEModule(), DeepSpeedVocabSequenceParallelCE(),
-                                TiedRowParallelHead(), TiedVocabParallelHead(), TiedColumnGatheredHead(), TiedPlanHead(),
-                                DirectVocabParallelEmbedding(), DirectColumnGatheredHead(), DirectVocabParallelHead(),
-                                DirectRowParallelHead(), DeepSpeedRejection(), InferenceHead(),
-                                HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead(),
-                                EmbeddingSpecHead(), SpecReachHead(), UniversalColumnGathered(), UniversalVocabParallel(),
-                                UniversalRowParallel(), PresetLlamaHead(), HeuristicBlocksHead(),
-                                TorchColumnGatheredHead(), TorchVocabParallelHead(), TorchRowParallelHead(),
-                                TorchVocabParallelEmbedding(),
-                                MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]}
+
+def _package_subjects() -> list[Subject]:
+    """One instance of every concrete Subject class with a public name defined in a module of this package, in
+    module-name order and then definition order: adding a subject is writing its class, nothing lists it."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found += [cls() for cls in vars(module).values()
+                  if isinstance(cls, type) and issubclass(cls, Subject) and cls.__module__ == module.__name__
+                  and not inspect.isabstract(cls) and cls.name and not cls.name.startswith("_")]
+    return found
+
+
+SUBJECTS = {s.name: s for s in _package_subjects()}
 ENV_VAR = "PARITY_SUBJECT_MODULES"
-# The frameworks under test (Subject.framework), as `parity run/list --framework` names them.
-FRAMEWORKS = ("deepspeed", "liger", "torch", "megatron")
+
+
+def _frameworks() -> tuple:
+    """The frameworks under test (Subject.framework) in first-registered order, as `parity run/list --framework`
+    names them."""
+    return tuple(dict.fromkeys(s.framework for s in SUBJECTS.values()))
+
+
+FRAMEWORKS = _frameworks()
 
 
 class SubjectModuleError(ImportError):
@@ -82,6 +72,8 @@ def register_modules(names: str) -> None:
             raise SubjectModuleError(f"{ENV_VAR}: module {module!r} has no SUBJECTS list")
         for subject in imported.SUBJECTS:
             SUBJECTS[subject.name] = subject
+    global FRAMEWORKS
+    FRAMEWORKS = _frameworks()
 
 
 def add_subject_modules(names: str) -> None:

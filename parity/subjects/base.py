@@ -85,6 +85,15 @@ class Subject(ABC):
     defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
     framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and the README table
+    # The README frameworks table's row (parity.matrix.frameworks.FEATURES_IN_ORDER) this subject's cases count in;
+    # None: no head feature of the table (a loss alone, an error path, head selection, a checkpoint path). Every
+    # subject of the package declares it on its own class (tests/matrix/test_frameworks.py), so a new head subject
+    # cannot drop out of the table by inheriting another's value.
+    feature: str | None = None
+    # Capabilities (parity.observe.capabilities) every case of this subject needs, whatever its values; requires()
+    # adds those a case's values call for.
+    capabilities: tuple = ()
+    # Its mutation family (parity.mutation.catalog) is its name: a mutant names the subjects whose code it breaks.
     # Modules the parent's reference imports on first use (seconds), which a job process imports
     # before its first batch (parity.harness.job_body.warm_up).
     reference_imports: tuple = ()
@@ -119,7 +128,7 @@ class Subject(ABC):
 
     def requires(self, values: dict) -> list[str]:
         """The machine capabilities (parity.observe.capabilities) this case needs to run here at all."""
-        return ["cuda"] if values.get("device") == "cuda" else []
+        return list(self.capabilities) + (["cuda"] if values.get("device") == "cuda" else [])
 
     def unavailable_reason(self, values: dict) -> str | None:
         """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""

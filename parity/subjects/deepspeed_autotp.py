@@ -810,6 +810,7 @@ ENGINE_IGNORE_INDEX = (-100, 0)
 
 class ColumnGatheredHead(EngineHead):
     name = "column_gathered"
+    feature = "column head (gathered logits)"
     description = ("PR-A: lm_head as column-parallel LinearLayer with gather_output=True, selected by a "
                    "partition_config spec; full-vocabulary logits on every rank, the suite's CE on top.")
     axes = {**COMMON_AXES, "ignore_index": ENGINE_IGNORE_INDEX, "process": None, "use_default_specs": None,
@@ -838,6 +839,7 @@ class ColumnGatheredHead(EngineHead):
 
 class VocabParallelHead(EngineHead):
     name = "vocab_parallel"
+    feature = "vocab-parallel head + CE"
     description = ("PR-B: vocab_parallel_lm_head=true; VocabParallelLinear keeps rank-local logits and the "
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:

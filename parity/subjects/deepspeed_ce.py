@@ -62,6 +62,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
     and, backpropagating that on every rank, the gradient of its logits block."""
 
     name = "ds_vocab_ce"
+    feature = None
     description = "deepspeed.sequence.cross_entropy.vocab_parallel_cross_entropy on vocabulary shards"
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
             "sp": None, "seq_gather": None, "device": None, "backward": None, "global_vocab": None, "targets": None,
@@ -86,6 +87,7 @@ class DeepSpeedVocabSequenceParallelCE(LogitsCE):
     Its own defaults (reduction "none", gather_sequence_loss True) are the cases' defaults."""
 
     name = "ds_vocab_seq_ce"
+    feature = None
     description = ("deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy on the vocabulary shard "
                    "of a sequence chunk")
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None, "tp": None,
@@ -109,6 +111,7 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
     Why each argument: docs/subjects.md#the-module-wrappers-arguments"""
 
     name = "ds_vocab_ce_module"
+    feature = None
     description = ("deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss (the module) with ignore_index, "
                    "reduction, shard bounds and backend passed through")
     axes = {"dtype": None, "reduction": ("none", "sum", "mean"), "vocab": None, "ignore": None,
@@ -161,6 +164,7 @@ class DeepSpeedVocabParallelLogProbs(LogitsCE):
     log_softmax(full logits).gather(-1, index)."""
 
     name = "ds_vocab_logprobs"
+    feature = None
     description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs on vocabulary shards (its "
                    "negative: the per-token CE)")
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "topk": None, "inf_rows": None}
@@ -185,6 +189,7 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
     vocabulary-sharded logits (RL's entropy bonus), against the entropy of the full logits."""
 
     name = "ds_vocab_entropy"
+    feature = None
     description = "deepspeed.sequence.vocab_parallel_ops.vocab_parallel_entropy on vocabulary shards"
     axes = {"dtype": None, "vocab": None, "tp": None, "device": None, "inf_rows": None}
     measure = "entropy"
@@ -203,6 +208,7 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     Triton's interpreter. Which backend must run, and why: docs/subjects.md#deepspeeds-liger-backend"""
 
     name = "ds_liger_ce"
+    feature = None
     description = ("DeepSpeed's Liger CE backend (_liger_vocab_cross_entropy: Liger kernel + DeepSpeed's "
                    "one-backward guard) on equal vocabulary shards, per-token losses")
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
@@ -249,6 +255,7 @@ class DeepSpeedLigerWithoutGroup(LogitsCE):
     (docs/subjects.md#deepspeeds-liger-backend)."""
 
     name = "ds_liger_no_group"
+    feature = None
     description = "vocab_parallel_cross_entropy(backend='liger', tp_group=None) on full-vocabulary logits"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None}
 
@@ -275,6 +282,7 @@ class DeepSpeedLigerWithoutGroup(LogitsCE):
 class DeepSpeedFusedLinearCE(Subject):
     framework = "deepspeed"
     name = "ds_fused_linear_ce"
+    feature = None
     description = ("deepspeed.sequence.linear_cross_entropy.vocab_parallel_linear_cross_entropy on the head's "
                    "vocabulary rows against an unfused linear + CE")
     # autocast: the call made inside the user's torch.autocast on float32 inputs (the function reads the autocast

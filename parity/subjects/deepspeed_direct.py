@@ -88,6 +88,7 @@ class DirectHead(Subject):
 
 class DirectColumnGatheredHead(DirectHead):
     name = "direct_column_gathered"
+    feature = "column head (gathered logits)"
     description = ("LinearLayer(gather_output=True) built directly around the head (no engine): column-parallel "
                    "weight and bias, full-vocabulary logits, the suite's CE on top; plain SGD.")
 
@@ -104,6 +105,7 @@ class DirectColumnGatheredHead(DirectHead):
 
 class DirectVocabParallelHead(DirectHead):
     name = "direct_vocab_parallel"
+    feature = "vocab-parallel head + CE"
     description = ("VocabParallelLinear + VocabParallelCausalLMLoss (torch backend) built directly (no engine): "
                    "rank-local logits, the distributed CE as model.loss_function; plain SGD.")
     # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one.
@@ -134,6 +136,7 @@ class DirectVocabParallelHead(DirectHead):
 
 class DirectRowParallelHead(DirectHead):
     name = "direct_row_parallel"
+    feature = "row head"
     description = ("LinearAllreduceWithReplicatedInput built directly around the head (no engine): weight sharded "
                    "along hidden, bias replicated, full logits after the all-reduce, the suite's CE; plain SGD.")
 

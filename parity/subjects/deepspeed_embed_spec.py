@@ -14,6 +14,7 @@ from parity.subjects.deepspeed_tied import as_gemma3_embedding, embed_specs, gem
 
 class EmbeddingSpecHead(ColumnGatheredHead):
     name = "embed_spec_untied"
+    feature = None
     description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
                    "row-parallel LinearAllreduce, lm_head column-gathered; padding_idx and clipping must survive.")
     axes = {**COMMON_AXES, "head": ("lm_head",), "padding": None, "embed_spec": ("row", "column"),
@@ -59,6 +60,3 @@ class EmbeddingSpecHead(ColumnGatheredHead):
 def vocab_sharded(values: dict) -> bool:
     """partition_config.embedding_partition_dim 0: the embedding split along its vocabulary rows."""
     return values.get("embedding_dim", "unset") == 0
-
-
-SUBJECTS = [EmbeddingSpecHead()]

@@ -34,6 +34,7 @@ def gemma3_scaled(table: torch.nn.Embedding) -> torch.nn.Embedding:
 class DirectVocabParallelEmbedding(Subject):
     framework = "deepspeed"
     name = "vocab_parallel_embedding"
+    feature = "vocab-parallel embedding"
     description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
                    "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")
     axes = {"dtype": ("fp32", "bf16"), "vocab": None, "hidden": None, "gas": None, "tp": None,

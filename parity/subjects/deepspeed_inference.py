@@ -113,6 +113,7 @@ class GroupMpu:
 class InferenceHead(Subject):
     framework = "deepspeed"
     name = "inference_head"
+    feature = None
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
                    "LmHeadLinearAllreduce (hidden shard, inference_all_reduce of partial logits); logits only.")
     # head_input flat: the head gets a 2-D [tokens, hidden] state, as a model run on one unbatched sequence hands it.
@@ -254,6 +255,3 @@ class InferenceHead(Subject):
         obs.facts["collective_path"] = reduces
         obs.facts["collectives"] = {(0, 0): dict(counts)}
         return obs
-
-
-SUBJECTS = [InferenceHead()]

@@ -33,6 +33,7 @@ def teacher_columns(vocab: int, tp: int, tp_rank: int, layout: str) -> torch.Ten
 class DeepSpeedVocabParallelKL(Subject):
     framework = "deepspeed"
     name = "ds_vocab_kl"
+    feature = None
     description = ("deepspeed.sequence.vocab_parallel_ops.vocab_parallel_kl_div (forward / reverse) on vocabulary "
                    "shards, against the per-token KL of the full logits")
     axes = {"dtype": None, "reverse": None, "vocab": None, "kl_grad": None, "kl_shards": None, "tp": None,

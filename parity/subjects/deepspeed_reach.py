@@ -19,6 +19,7 @@ ROW_PROJ = ("self_attn.o_proj", "mlp.down_proj")
 
 class SpecReachHead(ColumnGatheredHead):
     name = "spec_reach"
+    feature = None
     description = ("A gathered column spec meant for the head that DeepSpeed's matcher may leave unapplied: an "
                    "anchored pattern on a nested head, or model_types on a model with or without a config.model_type.")
     axes = {**COMMON_AXES, "reach": None}
@@ -98,6 +99,7 @@ class LlamaBlocksHead(EngineHead):
 
 class PresetLlamaHead(LlamaBlocksHead):
     name = "preset_llama"
+    feature = None
     description = ("tensor_parallel.preset_model 'llama' on a Llama-shaped model of the user's own: the preset's "
                    "regexes shard the blocks; vocab_parallel_lm_head true makes the head VocabParallelLinear, false "
                    "leaves it a replicated nn.Linear (no preset spec names lm_head).")
@@ -108,6 +110,7 @@ class PresetLlamaHead(LlamaBlocksHead):
 
 class HeuristicBlocksHead(LlamaBlocksHead):
     name = "heuristic_blocks"
+    feature = None
     description = ("No partition_config and no tp_plan: AutoTP's heuristic parser shards the blocks (o_proj and "
                    "down_proj row, the rest column); vocab_parallel_lm_head true replaces the head by a separate "
                    "AutoTP, false leaves it a replicated nn.Linear.")
@@ -127,6 +130,3 @@ class HeuristicBlocksHead(LlamaBlocksHead):
             return dataclasses.replace(claims, module_types={**claims.module_types, head: "LinearLayer"},
                                        param_shards={**claims.param_shards, f"{head}.weight": 0, f"{head}.bias": 0})
         return claims
-
-
-SUBJECTS = [SpecReachHead(), PresetLlamaHead(), HeuristicBlocksHead()]

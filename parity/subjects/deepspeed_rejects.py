@@ -393,6 +393,7 @@ class _Config(EngineHead):
 class DeepSpeedRejection(Subject):
     framework = "deepspeed"
     name = "ds_reject"
+    feature = None
     description = ("DeepSpeed's documented error paths: deepspeed.initialize (or the vocabulary-parallel CE) "
                    "with a model or config it must refuse, on every rank alike.")
     axes = {"variant": VARIANTS[1:], "tp": None, "device": None}
@@ -570,6 +571,3 @@ class DeepSpeedRejection(Subject):
             # A refused call must not have written into its inputs (the CE works in place on some paths).
             exc.parity_facts = {"state_before": before, "state_after": _call_state(inputs)}
             raise
-
-
-SUBJECTS = [DeepSpeedRejection()]

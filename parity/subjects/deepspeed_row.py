@@ -15,6 +15,7 @@ from parity.subjects.deepspeed_autotp import AUTOCAST_MODULES_AXES, COMMON_AXES,
 
 class RowParallelHead(EngineHead):
     name = "row_parallel"
+    feature = "row head"
     description = ("#8538: lm_head as row-parallel LinearAllreduceWithReplicatedInput, selected by a "
                    "partition_config row spec in training; weight sharded along hidden, bias replicated, "
                    "full logits after the all-reduce, the suite's CE on top.")

@@ -73,6 +73,7 @@ class TiedEmbedding:
 
 class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
     name = "tied_row_parallel"
+    feature = "tied embedding / head"
     description = ("#8680: tied lm_head as row-parallel LinearAllreduceWithReplicatedInput; its embedding "
                    "becomes HiddenParallelEmbedding sharing the head's hidden shard (one Parameter, dim 1).")
     # Only lm_head for now (the claims name it); grad_freq only here (docs/subjects.md#tied-heads).
@@ -87,6 +88,7 @@ class TiedRowParallelHead(TiedEmbedding, RowParallelHead):
 
 class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
     name = "tied_vocab_parallel"
+    feature = "tied embedding / head"
     description = ("#8859: tied vocab_parallel_lm_head; the embedding becomes VocabParallelEmbedding sharing "
                    "the head's vocabulary shard (one Parameter, dim 0); local logits, DeepSpeed's CE (torch).")
     # head model.lm_head: reached by AutoTP's kv-head split; no autocast_modules (docs/subjects.md#tied-heads).
@@ -103,6 +105,7 @@ class TiedVocabParallelHead(TiedEmbedding, VocabParallelHead):
 
 class TiedColumnGatheredHead(TiedEmbedding, ColumnGatheredHead):
     name = "tied_column_gathered"
+    feature = "tied embedding / head"
     description = ("A gathered column spec on a tied head: AutoTP's tie fallback leaves the head and its embedding "
                    "replicated and tied (one Parameter, unsharded), with a warning; full logits, the suite's CE.")
     # head output: the spec's pattern and the fallback's spec lookup (find_matching_spec) take any name.
@@ -120,6 +123,7 @@ class TiedColumnGatheredHead(TiedEmbedding, ColumnGatheredHead):
 
 class TiedPlanHead(TiedColumnGatheredHead):
     name = "tied_plan_head"
+    feature = "tied embedding / head"
     description = ("A tied head through the model's HF-style tp_plan (embedding_rowwise + colwise_gather_output), "
                    "vocab_parallel_lm_head unset or false: DeepSpeed's auto vocab-parallel path takes a head named "
                    "lm_head, and leaves one named output replicated and tied (the tie fallback).")
@@ -177,6 +181,3 @@ class TiedPlanHead(TiedColumnGatheredHead):
                       micro_records={"logits": -1, "loss": None, "head_input_grad": None}, loss_backend="torch",
                       shared_params=((f"{head}.weight", "embed_tokens.weight"),),
                       reports_grad_norm=reports_grad_norm(values))
-
-
-SUBJECTS = [TiedRowParallelHead(), TiedVocabParallelHead(), TiedColumnGatheredHead(), TiedPlanHead()]

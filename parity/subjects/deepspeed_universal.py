@@ -228,6 +228,7 @@ class UniversalResume:
 
 class UniversalColumnGathered(UniversalResume, ColumnGatheredHead):
     name = "uc_column_gathered"
+    feature = None
     description = ("column_gathered's head trained at save_tp, saved, converted by ds_to_universal and resumed "
                    "with checkpoint.load_universal at tp x dp; AdamW")
     axes = RESUME_AXES
@@ -235,6 +236,7 @@ class UniversalColumnGathered(UniversalResume, ColumnGatheredHead):
 
 class UniversalVocabParallel(UniversalResume, VocabParallelHead):
     name = "uc_vocab_parallel"
+    feature = None
     description = "as uc_column_gathered, the vocabulary-parallel head (VocabParallelLinear + its CE)"
     # The reductions its CE hook serves (vocab_parallel); head "output": a head only through lm_head_patterns, whose
     # name AutoTP's universal-checkpoint metadata does not take for a vocabulary parameter ('embed'/'lm_head' in it).
@@ -243,6 +245,7 @@ class UniversalVocabParallel(UniversalResume, VocabParallelHead):
 
 class UniversalRowParallel(UniversalResume, RowParallelHead):
     name = "uc_row_parallel"
+    feature = None
     description = "as uc_column_gathered, the row-parallel head (LinearAllreduceWithReplicatedInput)"
     axes = RESUME_AXES
 

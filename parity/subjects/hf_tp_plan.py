@@ -133,6 +133,7 @@ def effective_hf_plan(model) -> dict:
 
 class HFPlanColumnHead(HFPlanHead):
     name = "hf_plan_column"
+    feature = "column head (gathered logits)"
     description = ("HF tp_plan path: lm_head 'colwise_gather_output' (or the old name 'colwise_rep') -> "
                    "column-parallel LinearLayer with gathered output; attention/MLP sharded by the model's plan; "
                    "HF's loss on full logits.")
@@ -149,6 +150,7 @@ class HFPlanColumnHead(HFPlanHead):
 
 class HFPlanRowHead(HFPlanHead):
     name = "hf_plan_row"
+    feature = "row head"
     description = ("HF tp_plan path: lm_head 'rowwise' -> LinearAllreduceWithReplicatedInput (weight sharded on "
                    "hidden), full logits; attention/MLP sharded by the model's plan; HF's loss.")
     axes = HF_AXES
@@ -167,6 +169,7 @@ TIED = (("lm_head.weight", "model.embed_tokens.weight"),)
 
 class HFPlanTiedHead(HFPlanHead):
     name = "hf_plan_tied"
+    feature = "tied embedding / head"
     description = ("HF tp_plan path, tied embeddings, embedding_rowwise + lm_head colwise_gather_output: "
                    "vocab_parallel_lm_head true/unset -> VocabParallelLinear + VocabParallelEmbedding (one shard, "
                    "DeepSpeed's CE); false -> head and embedding left replicated and tied.")
@@ -199,6 +202,3 @@ class HFPlanTiedHead(HFPlanHead):
         return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **layers["module_types"]},
                       param_shards={"model.embed_tokens.weight": None, **layers["param_shards"]},
                       shared_params=TIED)
-
-
-SUBJECTS = [HFPlanColumnHead(), HFPlanRowHead(), HFPlanTiedHead()]

@@ -12,6 +12,7 @@ from parity.subjects.loss_only import IGNORE_INDEX, TOKENS, LigerShards, LogitsC
 class LigerVocabParallelCE(LigerShards, LogitsCE):
     framework = "liger"
     name = "liger_vocab_ce"
+    feature = None
     description = "LigerVocabParallelCEFunction on equal vocabulary shards against the suite's CE"
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "backward": None,
             "targets": None, "label_smoothing": None, "ls_formula": None, "ls_mode": None}

@@ -63,6 +63,7 @@ class MegatronHead(Subject):
     axes = MEGATRON_AXES
     clean_state = CLEAN_STATE
     framework = "megatron"
+    capabilities = ("megatron_core",)
     gathers = False  # ColumnParallelLinear(gather_output=True): CUDA only
     vocab_parallel_loss = False
     refuses_uneven_vocab = ("Megatron-core shards evenly and asserts tp divides the vocabulary at layer construction "
@@ -75,7 +76,7 @@ class MegatronHead(Subject):
         return values.get("tp", 1)
 
     def requires(self, values):
-        found = ["megatron_core"] + super().requires(values)
+        found = super().requires(values)  # capabilities first: megatron_core
         if self.gathers:
             # torch.cuda.current_device() in Megatron's all-gather; and ranks sharing one GPU over gloo
             # crash in its CUDA all-gather (pytorch/pytorch#152645), so one GPU per rank.
@@ -173,6 +174,7 @@ class MegatronHead(Subject):
 
 class MegatronColumnGatheredHead(MegatronHead):
     name = "megatron_column_gathered"
+    feature = "column head (gathered logits)"
     description = ("ColumnParallelLinear(gather_output=True) head: weight and bias sharded along vocab, logits "
                    "all-gathered, the suite's CE; plain SGD. CUDA only (Megatron's all-gather allocates on CUDA).")
     gathers = True
@@ -189,6 +191,7 @@ class MegatronColumnGatheredHead(MegatronHead):
 
 class MegatronVocabParallelHead(MegatronHead):
     name = "megatron_vocab_parallel"
+    feature = "vocab-parallel head + CE"
     description = ("ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy "
                    "(per-token, masked and reduced as pretrain_gpt's loss_func); plain SGD.")
     axes = {**MEGATRON_AXES, "label_smoothing": None}
@@ -207,6 +210,7 @@ class MegatronVocabParallelHead(MegatronHead):
 
 class MegatronVocabParallelEmbedding(MegatronHead):
     name = "megatron_vocab_embedding"
+    feature = "vocab-parallel embedding"
     description = ("VocabParallelEmbedding (masked lookup + all-reduce). Untied: plain head, the suite's CE; tied "
                    "(GPTModel's share_embeddings_and_output_weights): ColumnParallelLinear("
                    "skip_weight_param_allocation=True) on the embedding's shard + vocab_parallel_cross_entropy.")
@@ -242,6 +246,3 @@ class MegatronVocabParallelEmbedding(MegatronHead):
         return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear", "lm_head": "Linear"},
                       param_shards={"embed_tokens.weight": 0, "lm_head.bias": None, "lm_head.weight": None},
                       split="chunk")
-
-
-SUBJECTS = [MegatronColumnGatheredHead(), MegatronVocabParallelHead(), MegatronVocabParallelEmbedding()]

@@ -156,6 +156,7 @@ def _colwise(output_layouts=None, use_local_output=True):
 
 class TorchColumnGatheredHead(TorchTPHead):
     name = "torch_column_gathered"
+    feature = "column head (gathered logits)"
     description = ("ColwiseParallel head (torchtitan's output plan without loss_parallel): Shard(0) weight and "
                    "bias, logits all-gathered to Replicate, the suite's CE; plain SGD on DTensor parameters.")
 
@@ -170,6 +171,7 @@ class TorchColumnGatheredHead(TorchTPHead):
 
 class TorchVocabParallelHead(TorchTPHead):
     name = "torch_vocab_parallel"
+    feature = "vocab-parallel head + CE"
     description = ("ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) + F.cross_entropy under "
                    "loss_parallel() (torch's vocab-parallel CE, logits upcast to fp32 as torchtitan does).")
 
@@ -211,6 +213,7 @@ class TorchVocabParallelHead(TorchTPHead):
 
 class TorchRowParallelHead(TorchTPHead):
     name = "torch_row_parallel"
+    feature = "row head"
     description = ("RowwiseParallel(input_layouts=Replicate()) head: Shard(1) weight, replicated bias, Partial "
                    "logits all-reduced to Replicate, the suite's CE; plain SGD on DTensor parameters.")
 
@@ -228,6 +231,7 @@ class TorchRowParallelHead(TorchTPHead):
 
 class TorchVocabParallelEmbedding(TorchTPHead):
     name = "torch_vocab_embedding"
+    feature = "vocab-parallel embedding"
     description = ("RowwiseParallel on nn.Embedding (torchtitan's tok_embeddings plan, Replicate output): table "
                    "sharded along vocab, masked lookup + all-reduce. Untied: plain head; tied: ColwiseParallel "
                    "head sharing the embedding's Parameter.")
