@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity.checks.bounded_cache import BoundedCache
+from parity.observe.records import RECORDS
 from parity.checks.one_thread import one_torch_thread
 from references.seeding import making_inputs
 from references.trajectory import Trajectory
@@ -120,9 +121,8 @@ class RoundingNoise(TorchDispatchMode):
         return type(out)([moved, *out[1:]]) if isinstance(out, (tuple, list)) else moved
 
 
-# The oracle has no float32 master: its weights are the exact values a master approximates
-# (parity/checks/master_weights.py), so a rerun's master is measured against them.
-ORACLE_KIND = {"master_weight": "weight"}
+# A rerun's record is measured against the oracle's kind the schema names (a master against the weights).
+ORACLE_KIND = {k.name: k.oracle for k in RECORDS.values() if k.oracle}
 
 
 def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:

@@ -42,6 +42,7 @@ class RecordKind:
     dtype: str  # the dtype contract (CASE, COMPUTE, FLOAT32, FLOAT64, STEP_GRAD)
     mode: str  # FULL, BLOCK or STAGE
     floor: str  # PATH, FLOOR_CASE, FLOOR_FLOAT32 or FLOOR_STAGE
+    oracle: str | None = None  # the float64 oracle's kind it is held against, where not its own
 
     def reference_dtype(self, case: str, autocast: str = "off", master: bool = True) -> torch.dtype:
         """The dtype the plain-torch reference holds this record in, for a case of dtype ``case``."""
@@ -72,8 +73,9 @@ RECORDS = _kinds(
     RecordKind("grad", "a parameter's step gradient as the update uses it, before clipping", STEP, STEP_GRAD,
                BLOCK, PATH),
     RecordKind("weight", "a parameter after update s (step -1: the initial value)", STEP, CASE, BLOCK, FLOOR_CASE),
+    # The oracle has no master: its weights are the exact values a master approximates.
     RecordKind("master_weight", "the optimizer's float32 copy of a bf16/fp16 parameter after update s", STEP,
-               FLOAT32, BLOCK, FLOOR_CASE),
+               FLOAT32, BLOCK, FLOOR_CASE, oracle="weight"),
     RecordKind("grad_norm", "the global L2 norm of the step gradient, before clipping", STEP, FLOAT64, FULL,
                FLOOR_CASE),
     RecordKind("loss_scale", "the dynamic loss scale a step's backward ran under (reference only)", STEP, FLOAT64,

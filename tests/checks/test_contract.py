@@ -132,7 +132,7 @@ def test_an_empty_tensor_is_held_to_its_device_not_its_dtype():
         o.record("grad", 0, None, "w", torch.zeros(shape, dtype=torch.bfloat16))
         if device != "cpu":
             o.devices[("grad", 0, None, "w")] = device
-        return [c["passed"] for c in contract_checks({1: o}, reference, {})]
+        return [c["passed"] for c in contract_checks({1: o}, reference)]
 
     assert checks((2, 0)) == [True]
     assert checks((2, 1)) == [False]
