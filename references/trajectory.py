@@ -93,8 +93,8 @@ class Trajectory:
     # what a subject's tensor at that point must match (parity/checks/contract.py).
     layouts: dict = field(default_factory=dict)
     # kind -> the least precise dtype on the path from the exact inputs to that record, where it is
-    # not the case dtype (a loss computed in float32 from exact case-dtype logits): what a
-    # tolerance's rounding floor is measured in. Kinds not listed: the case dtype.
+    # not the case dtype (a loss computed in float32 from exact case-dtype logits). The checks' floor
+    # rule (parity/observe/records.py, PATH) reads it; kinds not listed: the case dtype.
     floor_dtypes: dict = field(default_factory=dict)
 
     def put(self, kind, step, micro, dp_rank, name, tensor):

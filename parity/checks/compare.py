@@ -13,6 +13,7 @@ import torch
 from parity.observe.dtypes import DTYPES
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.observe.process_functions import TORCH_LINEAR
+from parity.observe.records import STAGE, record_kind
 from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
@@ -91,9 +92,9 @@ class Comparison:
         self.checks.append(Check(*args, **kwargs))
 
     # -- numbers ---------------------------------------------------------------------------------
-    def floor_dtype(self, kind: str):
-        """The dtype a record's rounding floor is measured in (parity.checks.tolerances)."""
-        return self.reference.floor_dtypes.get(kind, self.dtype)
+    def floor_dtype(self, kind: str, stage: bool = False):
+        """The dtype a record's rounding floor is measured in (parity.checks.tolerances): its schema entry's rule."""
+        return record_kind(kind, stage).floor_dtype(self.dtype, self.stage_dtype, self.reference.floor_dtypes)
 
     def rounding_samples(self):
         """The rounding samples' errors of every record (parity/checks/rounding.py), taken the first time
@@ -136,7 +137,9 @@ class Comparison:
         get.steps = steps
         return get
 
-    def close(self, name, got, ref, oracle, floor_dtype=None, sampled=None, shared=None, rounded_at=None,
+    # kind, stage: the check's record kind and whether it is its stage-local check; their schema entry
+    # (parity/observe/records.py) gives the check's mode and floor dtype, whatever the check's name.
+    def close(self, name, got, ref, oracle, sampled=None, shared=None, rounded_at=None, *, kind, stage=False,
               **where) -> None:
         """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error
         (docs/tolerances.md#a-rows-shared-rounding), its RMS added to the RMS bound. ``rounded_at``: per entry
@@ -183,10 +186,9 @@ class Comparison:
                 if trajectory is not None:
                     sampled.steps = trajectory
         # A stage-local check's reference starts from the subject's own, exact, inputs to the stage.
-        stage_local = name.endswith("[stage]") or self.claims.stage_local
+        stage_local = record_kind(kind, stage).mode == STAGE or self.claims.stage_local
         shared_rms = 0.0 if shared is None or not shared.size else float(np.sqrt(np.mean(np.square(shared))))
-        default_floor = self.stage_dtype if name.endswith("[stage]") else self.dtype
-        judged = judge_close(got, ref, oracle, floor_dtype or default_floor, sampled, inherits=not stage_local,
+        judged = judge_close(got, ref, oracle, self.floor_dtype(kind, stage), sampled, inherits=not stage_local,
                              shared_rms=shared_rms, rounded_at=rounded_at)
         finite = bool(np.isfinite(got).all())
         detail = judged.describe() if finite else "non-finite values"
@@ -224,7 +226,7 @@ class Comparison:
         self.check_replicas_agree()
         self.check_saved()
         check_trained_on(self)
-        for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference, self.claims.micro_records):
+        for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
 
@@ -373,9 +375,8 @@ class Comparison:
                 if kind in self.claims.exact_records:
                     self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
                 else:
-                    self.close(kind, got, ref, orc, self.floor_dtype(kind),
-                               self.sampled_error(kind, step, micro, dp, None, view), step=step, micro=micro,
-                               rank=rank)
+                    self.close(kind, got, ref, orc, self.sampled_error(kind, step, micro, dp, None, view), kind=kind,
+                               step=step, micro=micro, rank=rank)
                 if dim is not None and o.tp_rank == 0:
                     self.check_assembled(kind, dim, step, micro, dp)
 
@@ -471,14 +472,14 @@ class Comparison:
             for rank, o in sorted(self.obs.items()):
                 if o.dp_rank != dp:
                     continue
-                # The CE computes in float32 from the upcast logits: its own arithmetic is float32's.
-                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss[i], orc_loss[i], torch.float32,
-                           step=step, micro=micro, rank=rank)
+                self.close("loss[stage]", o.get("loss", step, micro, None), ref_loss[i], orc_loss[i], kind="loss",
+                           stage=True, step=step, micro=micro, rank=rank)
                 got = o.get("head_input_grad", step, micro, None)
                 if orc_hgrad[i] is not None and got is not None and got.size == orc_hgrad[i].size:
                     partials = products[i] if products else None
                     self.close("head_input_grad[stage]", got, ref_hgrad[i].reshape(got.shape),
-                               orc_hgrad[i].reshape(got.shape), step=step, micro=micro, rank=rank,
+                               orc_hgrad[i].reshape(got.shape), kind="head_input_grad", stage=True, step=step,
+                               micro=micro, rank=rank,
                                rounded_at=None if partials is None else partials.reshape(got.shape))
 
     def check_lookup_loss_stage(self) -> None:
@@ -499,7 +500,7 @@ class Comparison:
                         continue  # the end-to-end embedding check has failed it already
                     ref = stages.lookup_loss_from_lookup(out, target, DTYPES[self.dtype])
                     orc = stages.lookup_loss_from_lookup(out, target, torch.float64)
-                    self.close("loss[stage]", o.get("loss", step, micro, None), ref, orc, torch.float32,
+                    self.close("loss[stage]", o.get("loss", step, micro, None), ref, orc, kind="loss", stage=True,
                                step=step, micro=micro, rank=rank)
 
     def head_bias_name(self, weight_name: str) -> str | None:
@@ -548,7 +549,7 @@ class Comparison:
                                          _take(t, dim % t.ndim, total, self.tp, o.tp_rank, self.grain, self.split)
                                          for t in (ref, orc, product))
                 self.close("logits[stage]", o.get("logits", step, micro, None), ref, orc, rounded_at=product,
-                           step=step, micro=micro, rank=rank)
+                           kind="logits", stage=True, step=step, micro=micro, rank=rank)
 
     def rows_not_looked_up(self, spec) -> dict:
         """step -> [V] bool: the vocabulary rows no micro-batch of the step (data-parallel rank 0) looks up."""
@@ -638,7 +639,7 @@ class Comparison:
                             errors = whole()
                             return errors[:, keep]
                     self.close(f"grad[{name}][stage]", got, ref_view, orc_view, sampled=sampled, shared=shared_view,
-                               step=step, rank=rank)
+                               kind="grad", stage=True, step=step, rank=rank)
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""
@@ -653,8 +654,8 @@ class Comparison:
             self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail=str(exc))
             return
         self.close(f"assembled[{kind}]", assembled, self.reference.get(kind, step, micro, dp, None).numpy(),
-                   self.oracle.get(kind, step, micro, dp, None).numpy(), self.floor_dtype(kind),
-                   self.sampled_error(kind, step, micro, dp, None), step=step, micro=micro)
+                   self.oracle.get(kind, step, micro, dp, None).numpy(),
+                   self.sampled_error(kind, step, micro, dp, None), kind=kind, step=step, micro=micro)
 
     def reference_skipped(self) -> set:
         """The steps plain torch's GradScaler skipped in the reference (references/grad_scaler.py): an empty set
@@ -701,8 +702,9 @@ class Comparison:
 
                 def view(a, name=name, rank=rank):
                     return self._param_view(name, a, rank, self.reference)
-                self.close(f"grad[{name}]", got_g, ref_g, orc_g, self.floor_dtype("grad"),
-                           sampled=self.sampled_error("grad", step, None, None, name, view), step=step, rank=rank)
+                self.close(f"grad[{name}]", got_g, ref_g, orc_g,
+                           sampled=self.sampled_error("grad", step, None, None, name, view), kind="grad", step=step,
+                           rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool((orc_g != 0).any())
@@ -722,7 +724,8 @@ class Comparison:
                                          self.reference)
                 got_w = o.get("weight", step, None, name)
                 self.close(f"weight[{name}]", got_w, ref_w, orc_w,
-                           sampled=self.sampled_error("weight", step, None, None, name, view), step=step, rank=rank)
+                           sampled=self.sampled_error("weight", step, None, None, name, view), kind="weight",
+                           step=step, rank=rank)
                 prev = o.get("weight", step - 1, None, name)
                 if got_w is None or prev is None or got_g is None or not got_w.shape == prev.shape == got_g.shape:
                     continue  # already failed above, as not observed or of the wrong shape
@@ -734,7 +737,8 @@ class Comparison:
                 self.close("grad_norm", o.get("grad_norm", step, None, None),
                            self.reference.get("grad_norm", step, None, None, None).numpy(),
                            self.oracle.get("grad_norm", step, None, None, None).numpy(),
-                           sampled=self.sampled_error("grad_norm", step, None, None, None), step=step, rank=rank)
+                           sampled=self.sampled_error("grad_norm", step, None, None, None), kind="grad_norm",
+                           step=step, rank=rank)
 
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
         """A weight must move when the gradient is nonzero and stay put when it is zero. A step the
@@ -895,7 +899,7 @@ class Comparison:
             ref_w = self.reference.get("weight", last, None, None, name).numpy()
             orc_w = self.oracle.get("weight", last, None, None, name).numpy()
             self.close(f"saved_weight[{key}]", got, ref_w, orc_w,
-                       sampled=self.sampled_error("weight", last, None, None, name), rank=0)
+                       sampled=self.sampled_error("weight", last, None, None, name), kind="weight", rank=0)
 
     def check_replicas_agree(self) -> None:
         """Replicated values must be bitwise identical on every rank that holds them."""

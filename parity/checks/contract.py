@@ -8,17 +8,18 @@ each kind holds: docs/tolerances.md#the-dtype-and-device-contract.
 """
 from __future__ import annotations
 
+from parity.observe.records import MICRO, record_kind
 
-def _reference_key(kind, step, micro, name, dp_rank, micro_kinds):
-    # Per-micro-batch records are the reference's at this data-parallel rank; the rest (weights,
-    # gradients, the norm) are the one unsharded tensor every rank holds a view of.
-    # A stage input (head_input) is a per-micro-batch record too, though no end-to-end check reads it.
-    if kind in micro_kinds or micro is not None:
+
+def _reference_key(kind, step, micro, name, dp_rank):
+    # Per-micro-batch records (the schema's ``per``) are the reference's at this data-parallel rank; the
+    # rest (weights, gradients, the norm) are the one unsharded tensor every rank holds a view of.
+    if record_kind(kind).per == MICRO or micro is not None:
         return (kind, step, micro, dp_rank, None)
     return (kind, step, None, None, name)
 
 
-def contract_checks(observations: dict, reference, micro_kinds) -> list[dict]:
+def contract_checks(observations: dict, reference) -> list[dict]:
     """One dict per rank and record kind: name, passed, rank, detail (compare.py makes Checks of them)."""
     layouts = getattr(reference, "layouts", {})
     checks = []
@@ -29,7 +30,7 @@ def contract_checks(observations: dict, reference, micro_kinds) -> list[dict]:
             kind, step, micro, name = key
             where = f"{kind}[{name}]" if name else kind
             problems = by_kind.setdefault(kind, [])
-            ref = layouts.get(_reference_key(kind, step, micro, name, o.dp_rank, micro_kinds))
+            ref = layouts.get(_reference_key(kind, step, micro, name, o.dp_rank))
             if ref is None:
                 problems.append(f"{where} step {step} micro {micro}: the reference holds no tensor here")
                 continue

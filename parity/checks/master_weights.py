@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from parity.checks.tolerances import master_weight_bound, master_weight_sampled_bound
+from parity.observe.records import record_kind
 
 
 def master_weight_checks(comparison) -> list[dict]:
@@ -16,6 +17,8 @@ def master_weight_checks(comparison) -> list[dict]:
     if not comparison.subject.records_master_weights(comparison.values):
         return []
     ref_traj, oracle = comparison.reference, comparison.oracle
+    exact = record_kind("master_weight").oracle  # the oracle's kind a master is held against
+    floor = comparison.floor_dtype("master_weight")  # the precision of what a master moved by
     out = []
     for step in range(comparison.train.steps):
         names = [k[4] for k in ref_traj.records if k[0] == "master_weight" and k[1] == step]
@@ -23,9 +26,9 @@ def master_weight_checks(comparison) -> list[dict]:
             for name in names:
                 ref = comparison._param_view(name, ref_traj.get("master_weight", step, None, None, name).numpy(),
                                              rank, ref_traj)
-                orc = comparison._param_view(name, oracle.get("weight", step, None, None, name).numpy(), rank,
+                orc = comparison._param_view(name, oracle.get(exact, step, None, None, name).numpy(), rank,
                                              ref_traj)
-                start = comparison._param_view(name, oracle.get("weight", -1, None, None, name).numpy(), rank,
+                start = comparison._param_view(name, oracle.get(exact, -1, None, None, name).numpy(), rank,
                                                ref_traj)
                 got = o.get("master_weight", step, None, name)
                 where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
@@ -40,7 +43,7 @@ def master_weight_checks(comparison) -> list[dict]:
                     continue
                 measured = float(np.max(np.abs(got - orc))) if got.size else 0.0
                 movement = float(np.max(np.abs(orc - start))) if orc.size else 0.0
-                bound = master_weight_bound(comparison.dtype, float(np.max(np.abs(ref - orc))) if ref.size else 0.0,
+                bound = master_weight_bound(floor, float(np.max(np.abs(ref - orc))) if ref.size else 0.0,
                                             float(np.max(np.abs(orc))) if orc.size else 0.0, movement)
                 detail = ""
                 if measured > bound.value:  # the samples can only widen a bound: taken on a miss alone
@@ -48,7 +51,7 @@ def master_weight_checks(comparison) -> list[dict]:
                         "master_weight", step, None, None, name,
                         lambda a, name=name, rank=rank: comparison._param_view(name, a, rank, ref_traj))()
                     if sampled is not None and sampled.shape[1:] == got.shape and sampled.size:
-                        wider = master_weight_sampled_bound(comparison.dtype, bound, float(np.max(sampled)), movement)
+                        wider = master_weight_sampled_bound(floor, bound, float(np.max(sampled)), movement)
                         if wider is not None:
                             bound, detail = wider, "sampled max"
                 finite = bool(np.all(np.isfinite(got)))

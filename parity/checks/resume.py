@@ -108,13 +108,12 @@ def check_trained_on(comparison) -> None:
                                  view(ref.get("weight", step, None, None, name).numpy()),
                                  view(orc.get("weight", step, None, None, name).numpy()),
                                  sampled=comparison.sampled_error("weight", step, None, None, name, view),
-                                 step=step, rank=rank)
+                                 kind="weight", step=step, rank=rank)
             if step < SAVED_AFTER:
                 continue
             for micro in range(comparison.values["gas"]):
                 comparison.close("loss", o.get("loss", step, micro, None),
                                  ref.get("loss", step, micro, o.dp_rank, None).numpy(),
                                  orc.get("loss", step, micro, o.dp_rank, None).numpy(),
-                                 comparison.floor_dtype("loss"),
-                                 comparison.sampled_error("loss", step, micro, o.dp_rank, None), step=step,
-                                 micro=micro, rank=rank)
+                                 comparison.sampled_error("loss", step, micro, o.dp_rank, None), kind="loss",
+                                 step=step, micro=micro, rank=rank)

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity.checks.bounded_cache import BoundedCache
+from parity.observe.records import RECORDS
 from parity.checks.one_thread import one_torch_thread
 from references.seeding import making_inputs
 from references.trajectory import Trajectory
@@ -92,9 +93,9 @@ class RoundingNoise(TorchDispatchMode):
         return type(out)([moved, *out[1:]]) if isinstance(out, (tuple, list)) else moved
 
 
-# The oracle has no float32 master: a rerun's master is measured against its weights
-# (docs/tolerances.md#master-weights).
-ORACLE_KIND = {"master_weight": "weight"}
+# The oracle has no float32 master: a rerun's record is measured against the oracle's kind the schema names
+# (a master against the weights: docs/tolerances.md#master-weights).
+ORACLE_KIND = {k.name: k.oracle for k in RECORDS.values() if k.oracle}
 
 
 def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:

@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from parity.observe.records import record_kind
+
 
 @dataclass
 class RankObservations:
     rank: int
     tp_rank: int
     dp_rank: int
-    # (kind, step, micro, name) -> float64 array; kinds as in references.trajectory plus the subject's own.
+    # (kind, step, micro, name) -> float64 array; kinds: parity/observe/records.py.
     tensors: dict = field(default_factory=dict)
     dtypes: dict = field(default_factory=dict)
     devices: dict = field(default_factory=dict)  # same keys -> str(torch.device) the tensor was on
@@ -28,6 +30,7 @@ class RankObservations:
     def record(self, kind: str, step: int, micro, name, tensor: torch.Tensor, unscale: float = 1.0) -> None:
         """``unscale``: a loss scale (a power of two) the tensor holds, divided out of the float64 copy, where
         the division is exact whatever the tensor's dtype; the dtype kept is the tensor's own."""
+        record_kind(kind)  # a kind the record schema does not declare is a subject's bug: raise
         key = (kind, step, micro, name)
         self.tensors[key] = tensor.detach().to("cpu", torch.float64).numpy().copy()
         if unscale != 1.0:

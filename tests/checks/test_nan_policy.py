@@ -1,5 +1,7 @@
 """Where unsharded torch gives nan (its 0/0 for a mean over all-ignored targets), a subject must give
 nan at exactly those places: a number there fails, and so does a nan anywhere else."""
+from types import SimpleNamespace
+
 import numpy as np
 
 from parity.checks.compare import Comparison
@@ -7,10 +9,11 @@ from parity.subjects.base import Claims
 
 
 def judge(got, oracle, kind="close"):
-    c = object.__new__(Comparison)  # only the dtype, the claims and the check list are needed
-    c.dtype, c.checks, c.claims = "fp32", [], Claims({}, {})
+    c = object.__new__(Comparison)  # only the dtypes, the claims and the check list are needed
+    c.dtype, c.stage_dtype, c.checks, c.claims = "fp32", "fp32", [], Claims({}, {})
+    c.reference = SimpleNamespace(floor_dtypes={})
     if kind == "close":
-        c.close("loss", np.array(got), np.array(oracle), np.array(oracle))
+        c.close("loss", np.array(got), np.array(oracle), np.array(oracle), kind="loss")
     else:
         c.exact("loss", np.array(got), np.array(oracle))
     return c.checks[0]
