@@ -107,7 +107,9 @@ def _shrink(cls, d: dict, text: bool) -> dict:
                 out[k] = n_heads
         if amap.get("num_attention_heads") in d:
             out[amap["num_attention_heads"]] = n_heads
-    if kv_key and kv is not None and kv_key != "num_key_value_groups":
+    if kv_key is None:
+        kv_key = next((k for k in KV_KEYS if k in d and d[k] is None), None)  # unset default: MHA
+    if kv_key and kv_key != "num_key_value_groups":
         out[kv_key] = n_kv
     elif kv_key == "num_key_value_groups":
         out[kv_key] = n_heads // n_kv
@@ -115,8 +117,12 @@ def _shrink(cls, d: dict, text: bool) -> dict:
     if h_real:
         out[h_real] = hidden
     for k in HEAD_DIM_KEYS:
-        if isinstance(d.get(k), int):
+        if k in d and (d[k] is None or isinstance(d[k], int)):  # None: a default the checkpoint would fill
             out[k] = HEAD_DIM
+    if isinstance(d.get("rotary_dim"), int) and d["rotary_dim"] > HEAD_DIM // 2:
+        out["rotary_dim"] = HEAD_DIM // 2  # partial rotary stays partial
+    if d.get("is_decoder") is False:
+        out["is_decoder"] = True  # what a causal-LM head of an encoder family is built with
     layers = LAYERS if text else VISION_LAYERS
     l_key = key("num_hidden_layers", LAYER_KEYS)
     orig_layers = d[l_key] if l_key else None
@@ -133,25 +139,59 @@ def _shrink(cls, d: dict, text: bool) -> dict:
                 for lk in LAYER_KEYS:
                     if lk in out or (isinstance(d.get(lk), int)):
                         out[lk] = n
+    # A repeating block pattern ("recurrent", "recurrent", "attention"): each kind once.
+    for k, v in d.items():
+        if k.endswith("block_types") and isinstance(v, list) and v and all(isinstance(x, str) for x in v) \
+                and k not in out:
+            kinds = list(dict.fromkeys(v))
+            out[k] = kinds
+            if l_key and len(kinds) > out.get(l_key, layers):
+                out[l_key] = len(kinds)
+    # Hybrids placing attention or experts every period-th layer (Jamba): the second of the two layers.
+    for k in ("attn_layer_period", "expert_layer_period"):
+        if isinstance(d.get(k), int) and d[k] > 2:
+            out[k] = 2
+    for k in ("attn_layer_offset", "expert_layer_offset"):
+        if isinstance(d.get(k), int) and d[k] > 1:
+            out[k] = 1
+    if "attn_layer_indices" in d and (d["attn_layer_indices"] is None or len(d["attn_layer_indices"]) > 1):
+        out["attn_layer_indices"] = [LAYERS - 1]  # Bamba-style hybrids: unset means no attention layer at all
+    if isinstance(d.get("axial_pos_embds_dim"), list):
+        out["axial_pos_embds_dim"] = [hidden // 2, hidden - hidden // 2]  # Reformer: they must sum to hidden
+    # Leading dense layers before the MoE ones: one, so the second layer is an MoE layer.
+    for k in ("first_k_dense_replace", "num_dense_layers", "first_dense_layers"):
+        if isinstance(d.get(k), int) and d[k] > 1:
+            out[k] = 1
     for k in INTERMEDIATE_KEYS:
         if isinstance(d.get(k), int) and d[k] > 2 * hidden:
             out[k] = 2 * hidden
     for k in EXPERT_KEYS:
         if isinstance(d.get(k), int) and d[k] > EXPERTS:
             out[k] = EXPERTS
+    moe = any(k in d for k in EXPERT_KEYS) and any(k in d for k in TOPK_KEYS)
+    for k in EXPERT_KEYS:
+        if moe and k in d and d[k] is None:
+            out[k] = EXPERTS  # unset default of an MoE config
     for k in TOPK_KEYS:
-        if isinstance(d.get(k), int) and d[k] > TOP_K:
+        if isinstance(d.get(k), int) and d[k] > TOP_K or moe and k in d and d[k] is None:
             out[k] = TOP_K
-    if isinstance(d.get("n_group"), int) and d["n_group"] > 1:
-        out["n_group"] = 2
-        if isinstance(d.get("topk_group"), int):
-            out["topk_group"] = 1
+    if moe and "n_shared_experts" in d and d["n_shared_experts"] is None:
+        out["n_shared_experts"] = 1
+    for k in ("n_group", "num_expert_group"):
+        if isinstance(d.get(k), int) and d[k] > 1:
+            out[k] = 2
+            if isinstance(d.get("topk_group"), int):
+                out["topk_group"] = 1
+    if isinstance(d.get("zero_expert_num"), int) and d["zero_expert_num"] > EXPERTS:
+        out["zero_expert_num"] = EXPERTS
     for k in WINDOW_KEYS:
         if isinstance(d.get(k), int) and d[k] > SLIDING_WINDOW:
             out[k] = SLIDING_WINDOW
     for k, v in MLA.items():
         if isinstance(d.get(k), int):
             out[k] = v
+    if isinstance(d.get("qk_head_dim"), int) and "qk_nope_head_dim" in out:
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out.get("qk_rope_head_dim", 0)
     for k, v in d.items():
         if k in out or not isinstance(v, int) or isinstance(v, bool):
             continue
@@ -208,6 +248,8 @@ def tiny_config(model_type: str, tp: int = 3):
 def _config_overrides(config, text: bool = True) -> dict:
     """tiny_config's overrides for ``config`` and, nested as partial dicts, its sub-configs; ``text``: this config
     is a text stack (LAYERS deep) rather than another tower (VISION_LAYERS)."""
+    from transformers import CONFIG_MAPPING
+
     subs = [n for n in (getattr(config, "sub_configs", {}) or {}) if hasattr(getattr(config, n, None), "to_dict")]
     flat = {k: v for k, v in config.to_dict().items() if k not in subs}
     out = _shrink(type(config), flat, text)
@@ -215,7 +257,11 @@ def _config_overrides(config, text: bool = True) -> dict:
     text_name = next((n for n in subs if getattr(config, n) is text_cfg), None)
     for name in subs:
         sub = getattr(config, name)
-        out[name] = {"model_type": sub.model_type, **_config_overrides(sub, text=name == text_name)}
+        sub_out = _config_overrides(sub, text=name == text_name)
+        if sub.model_type in CONFIG_MAPPING:
+            out[name] = {"model_type": sub.model_type, **sub_out}
+        else:  # an unregistered part-config (DBRX's attn_config): its parent may read its defaults, so all of them
+            out[name] = {**{k: v for k, v in sub.to_dict().items() if k != "transformers_version"}, **sub_out}
     if text_name is None:
         _clamp_ids(flat, out, out.get("vocab_size", flat.get("vocab_size")), set())
     else:
@@ -242,6 +288,8 @@ def build(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     config = tiny_config(model_type)
     with seeded(seed):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype)
+    if hasattr(model, "set_default_language") and getattr(config, "languages", None):
+        model.set_default_language(config.default_language or config.languages[0])  # X-MOD's adapters need one
     return model
 
 
@@ -378,7 +426,10 @@ def census_one(model_type: str) -> dict:
     except BaseException as exc:  # noqa: BLE001 - a census row, whatever the failure
         if isinstance(exc, KeyboardInterrupt):
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if exc.__cause__ is not None and first.endswith(":"):  # a wrapper (huggingface_hub's validation)
+            first += " " + (str(exc.__cause__).strip().splitlines() or [""])[0]
+        first = first[:200]
         row["status"] = "skipped"
         row["reason"] = f"{type(exc).__name__}: {first}"
     row["seconds"] = round(time.perf_counter() - start, 2)
