@@ -11,6 +11,8 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 # A known divergence that showed up as declared, and one that unexpectedly matched the reference.
 DIVERGED, XPASSED = "diverged", "xpassed"
 STATUSES = (PASSED, FAILED, SKIPPED, DIVERGED, XPASSED)
+# Each known divergence a case is marked with, judged on the checks it explains.
+PRESENT, FIXED = "present", "fixed"
 
 
 @dataclass
@@ -30,6 +32,8 @@ class Verdict:
     # Seconds by phase (parity.harness.timing), for parity run --profile; never in as_dict(): a
     # report's results must not depend on how fast the machine was.
     timing: dict = field(default_factory=dict)
+    # finding (mark name) -> PRESENT or FIXED, for a case under known divergences (parity.harness.runner)
+    findings: dict = field(default_factory=dict)
 
     @property
     def failed_checks(self) -> list:
@@ -74,7 +78,7 @@ class Verdict:
                 "mode": self.mode or None, "observed": self.observed or None, "checks": len(self.checks), "failed_checks": len(self.failed_checks),
                 "worst_ratio": self.worst_ratio,
                 "first_failure": self.first_failure if self.status == FAILED else None,
-                "reason": self.reason or None, "repro": self.repro(),
+                "reason": self.reason or None, "repro": self.repro(), "findings": self.findings or None,
                 "rank_errors": {str(r): {"type": e.type, "message": e.message} for r, e in self.rank_errors.items()},
                 # Every check, in the order it ran (chronological: setup, then step by step): what
                 # results.jsonl and report.html are written from (parity.report.console.write_report).

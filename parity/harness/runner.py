@@ -12,7 +12,7 @@ from parity.checks.one_thread import one_torch_thread
 from parity.harness.rank_pool import PoolStartError, RankPool
 from parity.harness.timing import close_case, phase
 from parity.subjects import SUBJECTS
-from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED, Verdict, repro_env
+from parity.checks.verdict import DIVERGED, FAILED, FIXED, PASSED, PRESENT, SKIPPED, XPASSED, Verdict, repro_env
 
 DEFAULT_CASE_TIMEOUT_S = 120.0
 
@@ -274,7 +274,7 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
         if not all(c.passed for c in checks):
             return Verdict(case, FAILED, checks=checks, reason="the known crash no longer happens, but: "
                                                                 + next(c for c in checks if not c.passed).describe())
-        return Verdict(case, FAILED if strict else XPASSED, checks=checks,
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks, findings={case.divergence.name: FIXED},
                        reason=f"known divergence no longer reproduces ({case.divergence.repro}): remove the mark")
     if case.divergence is not None:
         return _divergence_verdict(case, checks, strict)
@@ -282,19 +282,29 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
     return Verdict(case, status, checks=checks)
 
 
+def findings_status(known, failed) -> dict:
+    """Each finding a case is marked with: "present" where some failed check is one it explains, else "fixed"."""
+    return {f.name: PRESENT if any(f.covers(c.name) for c in failed) else FIXED for f in known.findings}
+
+
 def _divergence_verdict(case: Case, checks, strict: bool) -> Verdict:
     known = case.divergence
     failed = [c for c in checks if not c.passed]
+    findings = findings_status(known, failed)
     if not failed:
         reason = f"known divergence no longer reproduces ({known.repro}): remove the mark"
-        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason)
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason, findings=findings)
     unexplained = [c for c in failed if not known.covers(c.name)]
     if unexplained:
-        return Verdict(case, FAILED, checks=checks,
+        return Verdict(case, FAILED, checks=checks, findings=findings,
                        reason=f"fails beyond its known divergence: {unexplained[0].describe()}")
-    return Verdict(case, DIVERGED, checks=checks,
-                   reason=f"known divergence: {known.reason} (repro: {known.repro}); "
-                          f"{len(failed)} checks differ, first: {failed[0].describe()}")
+    present = [f for f in known.findings if findings[f.name] == PRESENT]
+    fixed = [name for name, status in findings.items() if status == FIXED]
+    return Verdict(case, DIVERGED, checks=checks, findings=findings,
+                   reason=f"known divergence: {' | '.join(f.reason for f in present)} "
+                          f"(repro: {'; '.join(f.repro for f in present)}); "
+                          + (f"fixed here (its checks pass): {', '.join(fixed)}; " if fixed else "")
+                          + f"{len(failed)} checks differ, first: {failed[0].describe()}")
 
 
 def _crash_divergence_verdict(case: Case, outcome) -> Verdict:
@@ -305,7 +315,7 @@ def _crash_divergence_verdict(case: Case, outcome) -> Verdict:
     other = {r: e for r, e in outcome.errors.items() if r not in named and e.type != "RankLost"}
     if named and not other:
         first = min(named)
-        return Verdict(case, DIVERGED, rank_errors=outcome.errors,
+        return Verdict(case, DIVERGED, rank_errors=outcome.errors, findings={known.name: PRESENT},
                        reason=f"known divergence: {known.reason} (repro: {known.repro}); rank {first} raised "
                               f"{named[first].type}: {named[first].message.splitlines()[0]}")
     first = min(other or outcome.errors)
@@ -349,18 +359,19 @@ def _rejection_verdict(case: Case, outcome, strict: bool) -> Verdict:
                     problems.append(f"rank {rank} raised {want.error} but {state.name}: {state.detail}")
     known = case.divergence
     failed = [c for c in checks if not c.passed]
+    findings = findings_status(known, failed) if known else {}
     if problems and known:
         unexplained = [c for c in failed if not known.covers(c.name)]
         if unexplained:
-            return Verdict(case, FAILED, checks=checks, rank_errors=outcome.errors,
+            return Verdict(case, FAILED, checks=checks, rank_errors=outcome.errors, findings=findings,
                            reason=f"fails beyond its known divergence: {unexplained[0].describe()}")
-        return Verdict(case, DIVERGED, checks=checks, rank_errors=outcome.errors,
+        return Verdict(case, DIVERGED, checks=checks, rank_errors=outcome.errors, findings=findings,
                        reason=f"known divergence: {known.reason} (repro: {known.repro}); {problems[0]}")
     if problems:
         return Verdict(case, FAILED, checks=checks, reason="; ".join(problems), rank_errors=outcome.errors)
     if known:
         reason = f"known divergence no longer reproduces ({known.repro}): every rank raised {want.error}"
-        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason)
+        return Verdict(case, FAILED if strict else XPASSED, checks=checks, reason=reason, findings=findings)
     clean = " and left the model untouched" if state_checked else ""
     return Verdict(case, PASSED, checks=checks, reason=f"every rank raised {want.error} matching {want.match!r}{clean}")
 

@@ -114,9 +114,18 @@ class KnownDivergence:
     # the mechanism needs unequal vocabulary shards (equal ones give every TP rank the same layout): explore
     # carries the mark to no case whose vocabulary splits evenly
     uneven_vocab: bool = False
+    # The finding's name: the named mark, or (finding_name) the mark or reproducer an entry of its own shares. Not
+    # part of what the divergence is: an entry spelled out equals its mark.
+    name: str = field(default="", compare=False)
+    parts: tuple = field(default=(), compare=False)  # under several divergences: each of them, judged apart
 
     def covers(self, check_name: str) -> bool:
         return not self.checks or any(check_name == c or check_name.split("[")[0] == c for c in self.checks)
+
+    @property
+    def findings(self) -> tuple:
+        """The divergences this mark stands for, each still present or fixed on its own checks."""
+        return self.parts or (self,)
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,7 @@ class Case:
                 "expect": {"error": self.expect.error, "match": self.expect.match} if self.expect.is_error
                 else "parity", "markers": list(self.markers),
                 "known_divergence": None if self.divergence is None else {
+                    "findings": [f.name for f in self.divergence.findings],
                     "reason": self.divergence.reason, "repro": self.divergence.repro,
                     "checks": list(self.divergence.checks), "raises": self.divergence.raises or None},
                 "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
@@ -332,7 +342,7 @@ def _named_marks(path: str, stamp) -> dict:
         for key in table:
             if key not in NAMED_MARK_KEYS:
                 raise CaseFileError(shown, f"mark.{name}.{key}", "unknown key", ", ".join(NAMED_MARK_KEYS))
-        _divergence(shown, f"mark.{name}", table)
+        _divergence(shown, f"mark.{name}", table, name=name)
     return tables
 
 
@@ -354,7 +364,7 @@ def _resolved(path, where, table) -> dict:
     return {**marks[name], **{k: v for k, v in table.items() if k != "mark"}}
 
 
-def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
+def _divergence(path, where, table, subject=None, name=None) -> KnownDivergence | None:
     if table is None:
         return None
     if not isinstance(table, dict):
@@ -392,8 +402,17 @@ def _divergence(path, where, table, subject=None) -> KnownDivergence | None:
     uneven_vocab = table.get("uneven_vocab", False)
     if not isinstance(uneven_vocab, bool):
         raise CaseFileError(path, f"{where}.uneven_vocab", f"bad value {uneven_vocab!r}", "true or false")
+    name = name or (own["mark"] if "mark" in own else finding_name(table["repro"]))
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds,
-                           uneven_vocab)
+                           uneven_vocab, name)
+
+
+def finding_name(repro: str) -> str:
+    """An entry of its own is the finding of the named mark with its reproducer, where exactly one has it;
+    else its reproducer's stem."""
+    known = named_marks() if MARKS_FILE.is_file() else {}  # a case file needs no marks file unless it names one
+    marks = [name for name, table in known.items() if table.get("repro") == repro]
+    return marks[0] if len(marks) == 1 else Path(repro).stem
 
 
 def _merged(path, where, found: list) -> KnownDivergence | None:
@@ -409,7 +428,8 @@ def merged_divergence(found: list) -> KnownDivergence:
     """Numerical divergences one case is under, as one: reasons and repros joined, checks united."""
     checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
     return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks,
-                           any_size=all(d.any_size for d in found))
+                           any_size=all(d.any_size for d in found), name=" + ".join(d.name for d in found),
+                           parts=tuple(p for d in found for p in d.findings))
 
 
 def _collectives(path, where, table) -> tuple:

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, STATUSES, XPASSED
+from parity.checks.verdict import DIVERGED, FAILED, FIXED, PASSED, SKIPPED, STATUSES, XPASSED
 
 
 class Progress:
@@ -53,6 +53,10 @@ def summary_table(verdicts, wall_s: float, not_run=()) -> str:
     if diverged:
         lines.append("known divergences (the subject differs from the reference as documented):")
         lines.extend(f"  {n:4d}  {reason}\n        repro: {repro}" for (reason, repro), n in diverged.most_common())
+    fixed = Counter(name for v in verdicts for name, status in v.findings.items() if status == FIXED)
+    if fixed:
+        lines.append("findings fixed (a case's mark whose checks now pass; the case may still diverge on another):")
+        lines.extend(f"  {n:4d}  {name}" for name, n in fixed.most_common())
     xpassed = [v for v in verdicts if v.status == XPASSED]
     if xpassed:
         lines.append("known divergences that now MATCH the reference (remove their marks):")

@@ -1,8 +1,9 @@
 """`parity diff A B`: what changed between two report directories (`parity run --report DIR`).
 
-Read from each DIR/summary.json (one entry per case: verdict, worst measured/bound ratio). Lists
-cases whose verdict changed, cases in one run only, and cases whose worst ratio moved by at least
---ratio-change (absolute, in units of the bound; default parity.checks.tolerances.RATIO_CHANGE). Exits 1
+Read from each DIR/summary.json (one entry per case: verdict, worst measured/bound ratio, findings). Lists
+cases whose verdict changed, cases in one run only, cases whose worst ratio moved by at least
+--ratio-change (absolute, in units of the bound; default parity.checks.tolerances.RATIO_CHANGE), and the
+known-divergence findings fixed or newly present. Exits 1
 when a verdict got worse (below), so it can gate CI; 2 on bad input.
 
 Worse means a higher rank in VERDICT_RANK: passed/xpassed < skipped/diverged < failed; a case
@@ -15,7 +16,7 @@ import math
 from pathlib import Path
 
 from parity.checks.tolerances import RATIO_CHANGE
-from parity.checks.verdict import DIVERGED, FAILED, PASSED, SKIPPED, XPASSED
+from parity.checks.verdict import DIVERGED, FAILED, FIXED, PASSED, PRESENT, SKIPPED, XPASSED
 from parity.report.environment import version_changes
 
 # A skip lost a check that ran before; a divergence is a documented difference; xpassed matched.
@@ -100,10 +101,26 @@ def diff_runs(a: dict, b: dict, ratio_change: float = RATIO_CHANGE, ignore_axes:
               for k in ib if k not in ia]
     margins.sort(key=lambda m: -abs(m["delta"]))
     worse = sum(c["worse"] for c in changed) + sum(c["worse"] for c in only_b)
+    fixed, present = findings_changed(ia, ib)
     return {"ratio_change": ratio_change, "ignore_axes": list(ignore_axes), "compared": len(set(ia) & set(ib)),
             "versions_changed": version_changes(a, b),
             "verdict_changed": changed, "only_in_a": only_a, "only_in_b": only_b, "ratio_changed": margins,
-            "worse": worse}
+            "findings_fixed": fixed, "findings_newly_present": present, "worse": worse}
+
+
+def findings_changed(ia: dict, ib: dict) -> tuple[list, list]:
+    """Per finding (a known divergence's mark), the cases in both runs where it was present in A and is fixed in B,
+    and those where it is present in B and was not in A."""
+    fixed, present = {}, {}
+    for key in [k for k in ia if k in ib]:
+        fa, fb = ia[key].get("findings") or {}, ib[key].get("findings") or {}
+        for name in dict.fromkeys([*fa, *fb]):
+            if fa.get(name) == PRESENT and fb.get(name) == FIXED:
+                fixed.setdefault(name, []).append(ib[key]["id"])
+            elif fb.get(name) == PRESENT and fa.get(name) != PRESENT:
+                present.setdefault(name, []).append(ib[key]["id"])
+    as_rows = lambda found: [{"finding": n, "cases": ids} for n, ids in sorted(found.items())]  # noqa: E731
+    return as_rows(fixed), as_rows(present)
 
 
 def _table(header, rows) -> list[str]:
@@ -139,7 +156,14 @@ def format_diff(result: dict, a_label: str, b_label: str) -> str:
         lines += _table(("case", "A", "B", "change", "B's worst check"),
                         [(m["case"], _ratio(m["a_ratio"]), _ratio(m["b_ratio"]), f"{m['delta']:+.3f}",
                           m["b_check"] or "-") for m in result["ratio_changed"]])
-    if not (result["verdict_changed"] or result["only_in_a"] or result["only_in_b"] or result["ratio_changed"]):
+    for key, label in (("findings_fixed", "findings fixed (present in A, their checks pass in B)"),
+                       ("findings_newly_present", "findings newly present (present in B, not in A)")):
+        if result.get(key):
+            lines += ["", f"{label} ({len(result[key])}):"]
+            lines += _table(("finding", "cases", "first case"),
+                            [(f["finding"], len(f["cases"]), f["cases"][0]) for f in result[key]])
+    if not (result["verdict_changed"] or result["only_in_a"] or result["only_in_b"] or result["ratio_changed"]
+            or result.get("findings_fixed") or result.get("findings_newly_present")):
         lines += ["", f"no differences (verdicts equal, worst ratios within {result['ratio_change']:g})"]
     lines += ["", f"{result['worse']} got worse" if result["worse"] else "nothing got worse"]
     return "\n".join(lines)
