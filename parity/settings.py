@@ -2,9 +2,12 @@
 environment, the pytest face from the environment) and handed to whatever runs cases: the Runner,
 the job processes of `parity run -j N`, and their rank processes.
 
-The PARITY_* variables are the user's interface and are read here only (RunSettings.from_env):
-PARITY_STRICT, PARITY_ASSUME_MISSING, PARITY_CASES_DIR, PARITY_SUBJECT_MODULES, PARITY_MUTANT,
-PARITY_TRACE_COLLECTIVES. This module imports nothing from the rest of the package.
+The PARITY_* variables are the user's interface, read by RunSettings.from_env: PARITY_STRICT,
+PARITY_CASES_DIR, PARITY_SUBJECT_MODULES, PARITY_MUTANT and PARITY_TRACE_COLLECTIVES. Two are read
+elsewhere too: PARITY_SUBJECT_MODULES by the subject registry, which extends it for the ranks it
+reaches by inheritance; PARITY_ASSUME_MISSING only by parity.observe.capabilities, when a capability
+is asked for (that module imports nothing from parity, so no subject can decide its own skips).
+This module imports nothing from the package.
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from dataclasses import dataclass
 from typing import Mapping
 
 STRICT_VAR = "PARITY_STRICT"
-ASSUME_MISSING_VAR = "PARITY_ASSUME_MISSING"
 CASES_DIR_VAR = "PARITY_CASES_DIR"
 SUBJECT_MODULES_VAR = "PARITY_SUBJECT_MODULES"
 MUTANT_VAR = "PARITY_MUTANT"
@@ -25,11 +27,6 @@ DEFAULT_REFERENCE_CACHE_SIZE = 256
 DEFAULT_CASE_TIMEOUT_S = 120.0
 
 
-def _names(text: str) -> tuple[str, ...]:
-    """A comma-separated list, blanks dropped."""
-    return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
 @dataclass(frozen=True)
 class RunSettings:
     strict: bool = False  # a skip (or an xpass) is a failure
@@ -38,7 +35,6 @@ class RunSettings:
     log_dir: str | None = None  # where rank logs go (None: a temp dir)
     reference_cache_size: int = DEFAULT_REFERENCE_CACHE_SIZE  # --no-reference-cache: 0
     reference_disk: str | None = None  # --reference-cache DIR: the cache's copy on disk
-    assume_missing: tuple[str, ...] = ()  # capabilities reported missing whatever the machine has
     cases_dir: str | None = None  # the default case files' directory (None: the checkout's cases/)
     subject_modules: tuple[str, ...] = ()  # modules whose SUBJECTS lists join the registry
     mutant: str = ""  # the planted bug of the mutation check, "" for none
@@ -50,7 +46,6 @@ class RunSettings:
         (command-line options) on top."""
         env = os.environ if environ is None else environ
         read = dict(strict=env.get(STRICT_VAR, "").lower() in ("1", "true", "yes"),
-                    assume_missing=_names(env.get(ASSUME_MISSING_VAR, "")),
                     cases_dir=env.get(CASES_DIR_VAR) or None,
                     subject_modules=tuple(n for n in env.get(SUBJECT_MODULES_VAR, "").split(",") if n),
                     mutant=env.get(MUTANT_VAR, "").strip(),

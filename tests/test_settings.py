@@ -3,11 +3,11 @@ from parity.settings import RunSettings
 
 
 def test_from_env_reads_every_variable_and_options_go_on_top():
-    env = {"PARITY_STRICT": "yes", "PARITY_ASSUME_MISSING": " cpu_fp16, ,cuda", "PARITY_CASES_DIR": "/c",
+    env = {"PARITY_STRICT": "yes", "PARITY_CASES_DIR": "/c",
            "PARITY_SUBJECT_MODULES": "a.b,c", "PARITY_MUTANT": " ce_local_max ", "PARITY_TRACE_COLLECTIVES": "1"}
     s = RunSettings.from_env(env)
-    assert (s.strict, s.assume_missing, s.cases_dir, s.subject_modules, s.mutant, s.trace_collectives) == \
-        (True, ("cpu_fp16", "cuda"), "/c", ("a.b", "c"), "ce_local_max", True)
+    assert (s.strict, s.cases_dir, s.subject_modules, s.mutant, s.trace_collectives) == \
+        (True, "/c", ("a.b", "c"), "ce_local_max", True)
     assert RunSettings.from_env({}) == RunSettings()
     assert RunSettings.from_env({"PARITY_STRICT": "0"}, timeout_s=5.0).timeout_s == 5.0
     assert not RunSettings.from_env({"PARITY_STRICT": "0"}).strict

@@ -17,7 +17,7 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
-from parity.settings import ASSUME_MISSING_VAR, RunSettings
+ASSUME_MISSING_VAR = "PARITY_ASSUME_MISSING"
 
 
 def _cuda() -> str | None:
@@ -146,9 +146,7 @@ PROBES = {
 
 
 def _assumed_missing() -> set[str]:
-    # Read when asked (the subjects' unavailable_reason asks with no run at hand; job processes and
-    # probe children inherit the variable), through the one reader of PARITY_* variables.
-    names = set(RunSettings.from_env().assume_missing)
+    names = {n.strip() for n in os.environ.get(ASSUME_MISSING_VAR, "").split(",") if n.strip()}
     unknown = names - set(PROBES)
     if unknown:
         raise ValueError(f"{ASSUME_MISSING_VAR}: unknown capability {sorted(unknown)[0]!r} "
