@@ -75,7 +75,7 @@ def cmd_explore(args) -> int:
         print(_line(v, len(shown)), flush=True)
 
     result = explore(subjects, args.budget, args.seed, args.max_world, args.max_examples, args.timeout, args.logs,
-                     on_verdict, settings=settings)
+                     on_verdict, run=settings)
     counts = result.counts
     print(f"\nexplored {len(result.verdicts)} cases in {result.seconds:.0f} s, stopped by {result.stopped_by}: "
           + ", ".join(f"{counts[s]} {s}" for s in ("passed", "diverged", "xpassed", "skipped", "failed") if counts[s]))

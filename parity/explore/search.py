@@ -175,11 +175,11 @@ def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unc
 
 def explore(subjects, budget_s: float, seed: int, max_world: int, max_examples: int | None = None,
             timeout_s: float = DEFAULT_CASE_TIMEOUT_S, log_dir: str | None = None, on_verdict=None,
-            marks: Marks | None = None, settings: RunSettings | None = None) -> Exploration:
-    """settings: the run's (parity explore builds them from PARITY_*); never strict."""
+            marks: Marks | None = None, run: RunSettings | None = None) -> Exploration:
+    """run: the run's settings (parity explore builds them from PARITY_*); never strict."""
     result = Exploration(seed, budget_s, max_world, list(subjects))
     marks = marks or Marks()
-    runner = Runner(settings, timeout_s=timeout_s, strict=False, log_dir=log_dir)
+    runner = Runner(run, timeout_s=timeout_s, strict=False, log_dir=log_dir)
     cache: dict = {}
     confirmed: dict = {}  # case id -> its Unconfirmed, or None where the miss reproduced
     unrun: dict = {}
