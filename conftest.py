@@ -25,14 +25,15 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    from parity.settings import RunSettings
+
     cache = config.getoption("--parity-reference-cache")
     if cache is not None:  # on every xdist worker too: each computes its cases' references
         if Path(cache).exists() and not Path(cache).is_dir():
             raise pytest.UsageError(f"--parity-reference-cache {cache}: exists and is not a directory "
                                     "(allowed: a directory, created if missing)")
-        from parity.checks import compare
-
-        compare.use_reference_disk(cache)
+    # The session's run settings, built once: the PARITY_* variables and the option above.
+    config.stash[_settings_key] = RunSettings.from_env(**({"reference_disk": cache} if cache is not None else {}))
     directory = config.getoption("--parity-report")
     if directory is None or hasattr(config, "workerinput"):  # xdist workers only send their reports
         return
@@ -100,9 +101,9 @@ class CaseItem(pytest.Item):
     def runtest(self):
         runner = self.session.config.stash.get(_runner_key, None)
         if runner is None:
-            from parity.harness.runner import Runner, strict_from_env
+            from parity.harness.runner import Runner
 
-            runner = Runner(strict=strict_from_env())
+            runner = Runner(self.session.config.stash[_settings_key])
             self.session.config.stash[_runner_key] = runner
         verdict = runner.run(self.case)
         record = verdict.as_dict()
@@ -129,6 +130,7 @@ class CaseItem(pytest.Item):
 
 
 _runner_key = pytest.StashKey()
+_settings_key = pytest.StashKey()
 
 
 def pytest_sessionfinish(session):

@@ -71,10 +71,11 @@ def resolve_rerun(args, strict: bool) -> bool:
     return True
 
 
-def use_reference_cache(args) -> None:
-    """--reference-cache DIR: the reference cache's copy on disk (parity/checks/reference_disk.py)."""
+def use_reference_cache(args) -> Path | None:
+    """--reference-cache DIR, checked and made: where the reference cache keeps its copy on disk
+    (parity/checks/reference_disk.py); None without the option."""
     if args.reference_cache is None:
-        return
+        return None
     if args.no_reference_cache:
         raise UsageError("--reference-cache and --no-reference-cache: give one of them (--no-reference-cache is "
                          "the harness with no cache at all)")
@@ -88,24 +89,26 @@ def use_reference_cache(args) -> None:
         raise UsageError(f"--reference-cache {args.reference_cache}: cannot create it: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--reference-cache {args.reference_cache}: not writable by this user")
-    from parity.checks import compare
-
-    compare.use_reference_disk(path)
+    return path
 
 
 def cmd_run(args) -> int:
-    from parity.harness.runner import strict_from_env
     from parity.matrix.cases import at_seeds, load, seed_list, select
-    from parity.mutation.catalog import ENV_VAR as MUTANT_VAR, BY_NAME, apply_from_env
+    from parity.mutation.catalog import ENV_VAR as MUTANT_VAR, BY_NAME, apply_named
+    from parity.settings import RunSettings
 
-    strict = args.strict or strict_from_env()
-    mutant = os.environ.get(MUTANT_VAR, "").strip()
-    if mutant and mutant not in BY_NAME:
-        raise UsageError(f"{MUTANT_VAR}={mutant}: no such mutant (see `parity mutants --list`)")
-    if args.rerun_failed and not resolve_rerun(args, strict):
+    # The run's settings, built once here (the PARITY_* variables, the options on top) and handed
+    # to the runner, its jobs and their ranks.
+    settings = RunSettings.from_env(timeout_s=args.timeout, jobs=args.jobs, log_dir=args.logs,
+                                    **({"strict": True} if args.strict else {}))
+    if settings.mutant and settings.mutant not in BY_NAME:
+        raise UsageError(f"{MUTANT_VAR}={settings.mutant}: no such mutant (see `parity mutants --list`)")
+    if args.rerun_failed and not resolve_rerun(args, settings.strict):
         print(f"parity: {args.rerun_failed}/summary.json lists no failed case: nothing to rerun")
         return 0
-    use_reference_cache(args)
+    disk = use_reference_cache(args)
+    if disk is not None:
+        settings = settings.replace(reference_disk=str(disk))
     if args.launcher == "torchrun":
         if args.passes > 1 or args.profile:
             raise UsageError("--passes and --profile work with --launcher spawn only (torchrun starts the ranks, "
@@ -114,7 +117,7 @@ def cmd_run(args) -> int:
             raise UsageError("-x/--maxfail works with --launcher spawn only (a torchrun job cannot stop its peers early)")
         from parity.torchrun_launch import cmd_run_torchrun
 
-        return cmd_run_torchrun(args)
+        return cmd_run_torchrun(args, settings)
     cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
     if not cases:
         raise UsageError("no cases selected")
@@ -123,27 +126,26 @@ def cmd_run(args) -> int:
         cases = at_seeds(cases, seeds)
     # A reference mutant lives in this process (the ranks apply rank mutants themselves), so a
     # mutation check's reproducer `PARITY_MUTANT=... parity run --case ID` plants it here too.
-    apply_from_env("parent")
-    return run_cases(args, cases, strict)
+    apply_named(settings.mutant, "parent")
+    return run_cases(args, cases, settings)
 
 
-def run_cases(args, cases, strict: bool) -> int:
-    from parity.checks import compare
+def run_cases(args, cases, settings) -> int:
     from parity.checks.verdict import FAILED
     from parity.harness.job_processes import job_runner
     from parity.harness.runner import default_jobs
     from parity.report.console import Progress, summary_table, write_report
 
-    settings = {}
+    harness = {}
     if getattr(args, "baseline", False):
         from parity.harness.runner import BASELINE_SETTINGS
 
         if args.jobs > 1 or args.reference_cache:
             raise UsageError("--baseline is one job with no reference cache: drop -j/--reference-cache")
-        args.jobs, args.no_reference_cache, settings = 1, True, dict(BASELINE_SETTINGS)
+        args.jobs, args.no_reference_cache, harness = 1, True, dict(BASELINE_SETTINGS)
     jobs = args.jobs or default_jobs(cases)
-    if args.no_reference_cache:  # the harness as it was before the cache: the benchmark's baseline
-        compare.REFERENCE_CACHE_SIZE = 0
+    # --no-reference-cache: the harness as it was before the cache (the benchmark's baseline).
+    settings = settings.replace(jobs=jobs, **({"reference_cache_size": 0} if args.no_reference_cache else {}))
     gathered = None
     if args.report:
         # What the report records about the packages, the machine and its capabilities takes git
@@ -156,12 +158,11 @@ def run_cases(args, cases, strict: bool) -> int:
         gatherer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-environment")
         gathered = gatherer.submit(gather_environment)
         gatherer.shutdown(wait=False)
-    # After the baseline's cache size is set: job processes take it with them.
-    settings.setdefault("overlap_reference", not args.no_reference_cache)
-    runner = job_runner(jobs, timeout_s=args.timeout, strict=strict, log_dir=args.logs, **settings)
+    harness.setdefault("overlap_reference", not args.no_reference_cache)
+    runner = job_runner(jobs, settings, **harness)
     print(f"running {len(cases)} cases" + (f", {jobs} at once" if jobs > 1 else "")
           + (f", {args.passes} passes" if args.passes > 1 else "")
-          + (" (strict: skips fail)" if strict else ""), flush=True)
+          + (" (strict: skips fail)" if settings.strict else ""), flush=True)
     any_failed, interrupted = False, False
     stream = None
     if args.report:

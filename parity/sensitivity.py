@@ -88,10 +88,11 @@ def threshold(judge, observable: str, mode: str, baseline_failed: set) -> tuple[
     return hi, by
 
 
-def measure_case(case, outcome) -> dict:
+def measure_case(case, outcome, references=None) -> dict:
+    """references: the runner's ReferenceCache (None: the pair computed afresh)."""
     subject = SUBJECTS[case.subject]
     values = case.values
-    reference, oracle = reference_pair(subject, values)
+    reference, oracle = references.pair(subject, values) if references is not None else reference_pair(subject, values)
     collectives = dict(case.collectives)
     baseline = compare(subject, values, outcome.observations, reference, oracle, collectives)
     failed = {_key(c) for c in baseline if not c.passed}
@@ -194,7 +195,7 @@ def cmd_sensitivity(args) -> int:
                 skipped.append({"id": case.id, "reason": f"rank {first} raised {outcome.errors[first].type}"})
                 print(f"error {case.id}: rank {first} raised {outcome.errors[first].type}", flush=True)
                 continue
-            entry = measure_case(case, outcome)
+            entry = measure_case(case, outcome, runner.references)
             entries.append(entry)
             scale = {k.split("/")[0]: _fmt(math.inf if v["eps"] is None else v["eps"])
                      for k, v in entry["thresholds"].items() if k.endswith("/scale")}

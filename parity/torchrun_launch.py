@@ -134,7 +134,8 @@ def collect(store, seq: int, world_size: int, deadline: float, missing_why: str)
 
 # -- every rank --------------------------------------------------------------------------------------
 
-def cmd_run_torchrun(args) -> int:
+def cmd_run_torchrun(args, settings) -> int:
+    """This process as one rank of a torchrun launch; settings: the run's (parity.cli.cmd_run)."""
     try:
         env = rank_env()
     except LaunchError as exc:
@@ -160,7 +161,7 @@ def cmd_run_torchrun(args) -> int:
     import torch.distributed as dist
 
     from parity.observe import collectives
-    from parity.mutation.catalog import apply_from_env
+    from parity.mutation.catalog import apply_named
     from parity.harness.placement import place_rank, use_placement
     from parity.subjects.base import RankContext
 
@@ -168,7 +169,7 @@ def cmd_run_torchrun(args) -> int:
     placement = place_rank(env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], device)
     use_placement(placement)
     mode = f"{placement.mode}; launched by torchrun on {os.environ.get('GROUP_WORLD_SIZE', '?')} node(s)"
-    collectives.install()  # before DeepSpeed binds torch.distributed's collectives (see rank_worker)
+    collectives.install(trace=settings.trace_collectives)  # before DeepSpeed binds torch.distributed's collectives (see rank_worker)
     from parity.harness import group_cache
 
     group_cache.install()  # one group per membership for the process's life (see rank_worker)
@@ -177,9 +178,9 @@ def cmd_run_torchrun(args) -> int:
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
     cases_store = dist.PrefixStore("parity", store)
     ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=mode)
-    apply_from_env("rank")
+    apply_named(settings.mutant, "rank")
     if rank == 0:
-        coordinator = Coordinator(args, cases_store, ctx, device, log_path, console)
+        coordinator = Coordinator(args, cases_store, ctx, device, log_path, console, settings)
         try:
             return coordinator.run()
         except SelectionError as exc:  # bad input found by the shared selection code, e.g. an unknown --case
@@ -204,12 +205,14 @@ def cmd_run_torchrun(args) -> int:
 # -- rank 0 ------------------------------------------------------------------------------------------
 
 class Coordinator:
-    def __init__(self, args, store, ctx, device: str, log_path: str, console):
+    def __init__(self, args, store, ctx, device: str, log_path: str, console, settings):
+        from parity.checks.compare import ReferenceCache
+
         self.args, self.store, self.ctx, self.device = args, store, ctx, device
         self.log_path, self.console = log_path, console
-        from parity.harness.runner import strict_from_env
-
-        self.strict = args.strict or strict_from_env()
+        self.settings = settings
+        self.strict = settings.strict
+        self.references = ReferenceCache.from_settings(settings)  # the cases' shared reference pairs
         self.verdicts, self.not_run = [], []
         # The main thread and an abort (watchdog or SIGTERM) record verdicts; abort records under it.
         self.lock = threading.RLock()
@@ -267,7 +270,7 @@ class Coordinator:
                  + (" (strict: skips fail)" if self.strict else "") + f"; rank logs: {Path(self.log_path).parent}")
         for case in cases:
             self.broken = False
-            verdict = timed_verdict(case, lambda case=case: self._case(case))
+            verdict = timed_verdict(case, lambda case=case: self._case(case), self.settings)
             self._record(verdict)
             if self.broken:
                 return self._stop(f"the process group broke during {case.id} (a rank hung or died)")
@@ -290,7 +293,7 @@ class Coordinator:
                           f"no result within {self.args.timeout:.0f} s and no stack posted (the rank died, or its "
                           "process is frozen; see its log on its node)")
         self.broken = outcome.broken
-        return judge(case, outcome, self.strict, self.ctx.mode)
+        return judge(case, outcome, self.strict, self.ctx.mode, references=self.references)
 
     def _record(self, verdict) -> None:
         with self.lock:
@@ -318,9 +321,9 @@ class Coordinator:
                 def produce():
                     outcome = collect(self.store, seq, self.ctx.world_size, time.monotonic() + REPORT_MARGIN_S, missing)
                     outcome.broken = True
-                    return judge(case, outcome, self.strict, self.ctx.mode)
+                    return judge(case, outcome, self.strict, self.ctx.mode, references=self.references)
 
-                verdict = timed_verdict(case, produce)
+                verdict = timed_verdict(case, produce, self.settings)
                 verdict.seconds = time.monotonic() - started
                 self._record(verdict)
             code = self._stop(why)

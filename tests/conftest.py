@@ -8,8 +8,8 @@ def skip_or_fail(reason: str):
     """A self-test that cannot run says why; under PARITY_STRICT=1 that is a failure, as for cases."""
     import pytest
 
-    from parity.harness.runner import strict_from_env
+    from parity.settings import RunSettings
 
-    if strict_from_env():
+    if RunSettings.from_env().strict:
         pytest.fail(f"strict mode: would skip: {reason}")
     pytest.skip(reason, allow_module_level=True)

@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS = [
     ("references",),
+    ("parity.settings",),  # the run's settings (RunSettings): read by every layer above, imports none of them
     ("parity.observe",),
     ("parity.subjects", "parity.mutation.catalog"),
     ("parity.matrix",),

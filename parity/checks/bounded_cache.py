@@ -7,8 +7,7 @@ parallel jobs (parity run -j) overlap, and two of them may compute one key at on
 the same numbers (pure functions), so whichever is stored last is kept.
 
 The size is read at every store, from a zero-argument callable where one is given, so a module's
-size constant can be changed after the cache is made (``parity run --no-reference-cache`` sets
-``compare.REFERENCE_CACHE_SIZE = 0``; tests monkeypatch it).
+size constant can be changed after the cache is made (tests monkeypatch it).
 
 A key of None means "not cacheable" (Subject.reference_key returns None for a subject with its own
 reference): it is never found, counted as a miss, and never stored.

@@ -14,6 +14,7 @@ from parity.observe.dtypes import DTYPES
 from parity.observe.partition import mesh_groups, shard_slice, split_sizes
 from parity.observe.process_functions import TORCH_LINEAR
 from parity.observe.records import STAGE, record_kind
+from parity.settings import DEFAULT_REFERENCE_CACHE_SIZE
 from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
@@ -934,20 +935,49 @@ def compare(subject, values, observations, reference, oracle, collectives=None) 
 # name rules...) share one reference: the reference is a function of the subject's reference_key
 # alone. A bounded LRU keeps the parent's memory flat over long runs; each pair of a tiny model's
 # trajectories is tens of kB.
-REFERENCE_CACHE_SIZE = 256  # read at every store: --no-reference-cache sets 0
-_reference_cache = BoundedCache(lambda: REFERENCE_CACHE_SIZE, stats=True)  # locked: parity run -j's threads
-reference_cache_stats = _reference_cache.stats  # {"hits", "misses"}, read by parity run --profile
-# parity run --reference-cache DIR: a ReferenceDisk (parity.checks.reference_disk) behind the LRU,
-# asked on a miss and given what was computed; None: memory only.
-reference_disk = None
+class ReferenceCache:
+    """The reference pairs one runner of cases has computed: a bounded LRU (size 0: none kept,
+    --no-reference-cache), locked for a Runner's reference and judge threads, and behind it, where
+    a directory is given (--reference-cache DIR), a ReferenceDisk (parity.checks.reference_disk)
+    asked on a miss and given what was computed."""
 
+    def __init__(self, size: int = DEFAULT_REFERENCE_CACHE_SIZE, disk_dir=None):
+        self.memory = BoundedCache(size, stats=True)
+        self.disk = None
+        if disk_dir is not None:
+            from parity.checks.reference_disk import ReferenceDisk
 
-def use_reference_disk(directory) -> None:
-    """Keep a copy of every computed reference pair under directory (None: stop)."""
-    global reference_disk
-    from parity.checks.reference_disk import ReferenceDisk
+            self.disk = ReferenceDisk(disk_dir)
 
-    reference_disk = None if directory is None else ReferenceDisk(directory)
+    @classmethod
+    def from_settings(cls, settings) -> ReferenceCache:
+        return cls(settings.reference_cache_size, settings.reference_disk)
+
+    def pair(self, subject, values) -> tuple[Trajectory, Trajectory]:
+        """reference_pair, kept here by the subject's reference_key."""
+        key = subject.reference_key(values)
+        pair = self.memory.get(key)
+        if pair is not None:
+            return pair
+        # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
+        # results are the same numbers (the reference is deterministic), so either may be kept.
+        disk = self.disk if key is not None else None
+        pair = disk.load(key) if disk else None
+        if pair is None:
+            pair = reference_pair(subject, values)
+            if disk:
+                disk.save(key, pair)
+        self.memory.put(key, pair)
+        return pair
+
+    def stats(self) -> dict:
+        """Hits and misses (parity run --profile), and the disk copy's counts where there is one."""
+        return {**self.memory.stats, **(self.disk.stats if self.disk else {})}
+
+    def clear(self) -> None:
+        """Drop the pairs kept in memory, and the rounding samples that are reruns of them."""
+        self.memory.clear()
+        rounding.clear_cache()
 
 
 def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
@@ -973,26 +1003,7 @@ def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
 
 
 def reference_pair(subject, values) -> tuple[Trajectory, Trajectory]:
-    """The reference at the case dtype and the float64 oracle, computed once per reference_key.
-
-    The trajectories are shared between cases: the comparison only reads them."""
-    key = subject.reference_key(values)
-    pair = _reference_cache.get(key)
-    if pair is not None:
-        return pair
-    # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
-    # results are the same numbers (the reference is deterministic), so either may be kept.
-    disk = reference_disk if key is not None else None
-    pair = disk.load(key) if disk else None
-    if pair is None:
-        with one_torch_thread():  # a verdict must not depend on the core count (parity/checks/one_thread.py)
-            pair = subject.reference(values), subject.reference(values, torch.float64)
-        if disk:
-            disk.save(key, pair)
-    _reference_cache.put(key, pair)
-    return pair
-
-
-def clear_reference_cache() -> None:
-    _reference_cache.clear()
-    rounding.clear_cache()  # the samples are reruns of those references
+    """The reference at the case dtype and the float64 oracle, computed afresh (a ReferenceCache
+    shares them between cases: the comparison only reads them)."""
+    with one_torch_thread():  # a verdict must not depend on the core count (parity/checks/one_thread.py)
+        return subject.reference(values), subject.reference(values, torch.float64)

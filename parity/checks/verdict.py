@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from parity.matrix.cases import Case
+from parity.settings import RunSettings
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 # A known divergence that showed up as declared, and one that unexpectedly matched the reference.
@@ -85,13 +86,10 @@ class Verdict:
                 "check_results": [c.as_dict() for c in self.checks]}
 
 
-REPRO_ENV = ("PARITY_SUBJECT_MODULES", "PARITY_MUTANT")
-
-
-def repro_env(case: Case) -> dict:
-    """The variables of this process that decide what a case runs: read when it runs, since the
-    mutation check sets PARITY_MUTANT only around one mutant's cases."""
-    env = {k: os.environ[k] for k in REPRO_ENV if os.environ.get(k)}
+def repro_env(case: Case, settings: RunSettings) -> dict:
+    """The variables that decide what a case runs, as the run that ran it had them (its settings'
+    subject modules and mutant: the mutation check's runners each carry their own mutant)."""
+    env = settings.repro_env()
     if case.values.get("device") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     return env

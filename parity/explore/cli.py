@@ -44,7 +44,8 @@ def cmd_explore(args) -> int:
     # it imports this module).
     from parity.matrix.cases import SelectionError as UsageError
     from parity.explore.domains import NOT_EXPLORED, explorable_subjects
-    from parity.mutation.catalog import BY_NAME, ENV_VAR as MUTANT_VAR, apply_from_env
+    from parity.mutation.catalog import BY_NAME, ENV_VAR as MUTANT_VAR, apply_named
+    from parity.settings import RunSettings
     from parity.subjects import SUBJECTS
 
     subjects = args.subject or explorable_subjects()
@@ -57,10 +58,11 @@ def cmd_explore(args) -> int:
         raise UsageError(f"--max-world {args.max_world}: want at least 2 (tp is drawn from 2..8)")
     if args.budget <= 0 or (args.max_examples is not None and args.max_examples < 1):
         raise UsageError("--budget and --max-examples want positive values")
-    mutant = os.environ.get(MUTANT_VAR, "").strip()
+    settings = RunSettings.from_env()
+    mutant = settings.mutant
     if mutant and mutant not in BY_NAME:
         raise UsageError(f"{MUTANT_VAR}={mutant}: no such mutant (see `parity mutants --list`)")
-    apply_from_env("parent")  # a reference mutant lives where the references run, as in `parity run`
+    apply_named(mutant, "parent")  # a reference mutant lives where the references run, as in `parity run`
 
     from parity.explore.search import explore, write_failure
 
@@ -73,7 +75,7 @@ def cmd_explore(args) -> int:
         print(_line(v, len(shown)), flush=True)
 
     result = explore(subjects, args.budget, args.seed, args.max_world, args.max_examples, args.timeout, args.logs,
-                     on_verdict)
+                     on_verdict, run=settings)
     counts = result.counts
     print(f"\nexplored {len(result.verdicts)} cases in {result.seconds:.0f} s, stopped by {result.stopped_by}: "
           + ", ".join(f"{counts[s]} {s}" for s in ("passed", "diverged", "xpassed", "skipped", "failed") if counts[s]))

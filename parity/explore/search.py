@@ -40,6 +40,7 @@ from parity.explore.domains import entry_toml, explored_case, not_a_case, points
 from parity.explore.known import Marks
 from parity.harness.rank_pool import PoolStartError
 from parity.harness.runner import DEFAULT_CASE_TIMEOUT_S, Runner, judge, skip_verdict, timed_verdict
+from parity.settings import RunSettings
 from parity.matrix.cases import at_seed, load_file, merged_divergence
 
 FAILURE_FILE = "explore-failure.toml"
@@ -127,13 +128,14 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
             outcome = pool.run(case.subject, case.values, runner.timeout_s)
         except PoolStartError as exc:
             return Verdict(case, FAILED, reason=str(exc))
-        verdict = judge(case, outcome, False, pool.mode)
+        verdict = judge(case, outcome, False, pool.mode, references=runner.references)
         if verdict.status != FAILED or twin is not None:
             return verdict
         candidates = marks.candidates(case)
         beyond = None  # a mark's judgement that leaves only rounding-bound misses (confirmed over seeds)
         for mark in candidates:
-            again = judge(replace(case, divergence=mark.divergence), outcome, False, pool.mode)
+            again = judge(replace(case, divergence=mark.divergence), outcome, False, pool.mode,
+                          references=runner.references)
             if again.status == DIVERGED:
                 again.reason += f" [mark of {mark.source}]"
                 return again
@@ -145,7 +147,8 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
         numeric = [m for m in candidates if not m.divergence.raises]
         if len(numeric) > 1:
             together = merged_divergence([m.divergence for m in numeric])
-            again = judge(replace(case, divergence=together), outcome, False, pool.mode)
+            again = judge(replace(case, divergence=together), outcome, False, pool.mode,
+                          references=runner.references)
             if again.status == DIVERGED:
                 again.reason += f" [marks of {', '.join(m.source for m in numeric)}]"
                 return again
@@ -153,7 +156,7 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
                 beyond = again
         return beyond or verdict
 
-    return timed_verdict(case, produce)
+    return timed_verdict(case, produce, runner.settings)
 
 
 def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unconfirmed | None:
@@ -172,10 +175,11 @@ def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unc
 
 def explore(subjects, budget_s: float, seed: int, max_world: int, max_examples: int | None = None,
             timeout_s: float = DEFAULT_CASE_TIMEOUT_S, log_dir: str | None = None, on_verdict=None,
-            marks: Marks | None = None) -> Exploration:
+            marks: Marks | None = None, run: RunSettings | None = None) -> Exploration:
+    """run: the run's settings (parity explore builds them from PARITY_*); never strict."""
     result = Exploration(seed, budget_s, max_world, list(subjects))
     marks = marks or Marks()
-    runner = Runner(timeout_s=timeout_s, strict=False, log_dir=log_dir)
+    runner = Runner(run, timeout_s=timeout_s, strict=False, log_dir=log_dir)
     cache: dict = {}
     confirmed: dict = {}  # case id -> its Unconfirmed, or None where the miss reproduced
     unrun: dict = {}

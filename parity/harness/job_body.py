@@ -52,22 +52,20 @@ def job_main(job_id: int, settings: dict, tasks, results) -> None:
         sys.exit(143)
     import torch
 
-    from parity.checks import compare
     from parity.checks.verdict import FAILED, Verdict
     from parity.harness.runner import Runner
-    from parity.mutation.catalog import apply_from_env
+    from parity.mutation.catalog import apply_named
     from parity.observe import capabilities
+    from parity.settings import RunSettings
 
     # The jobs share the cores: a reference's kernels get one thread each (at these sizes torch
     # runs them on one thread anyway, so the numbers are the parent's).
     torch.set_num_threads(1)
     capabilities.preset(settings["capabilities"])
     warm_up(settings.get("warm_imports", ()))
-    apply_from_env("parent")  # a planted reference mutant lives where references are computed
-    compare.REFERENCE_CACHE_SIZE = settings["reference_cache_size"]
-    if settings["reference_disk"]:
-        compare.use_reference_disk(settings["reference_disk"])
-    runner = Runner(**settings["runner"])
+    run = RunSettings(**settings["run"])  # the parent's, with this job's share of the reference cache
+    apply_named(run.mutant, "parent")  # a planted reference mutant lives where references are computed
+    runner = Runner(run, **settings["runner"])
     try:
         while True:
             batch = tasks.get()

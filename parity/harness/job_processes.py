@@ -21,6 +21,7 @@ its exit code, and is replaced; nothing waits on it.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing as mp
 import pickle
@@ -30,7 +31,10 @@ from collections import deque
 
 from parity.checks.verdict import FAILED, Verdict
 from parity.harness.job_body import job_entry
-from parity.harness.runner import Runner, available_cores
+from parity.harness.runner import Runner, available_cores, run_settings
+from parity.settings import RunSettings
+
+RUN_FIELDS = {f.name for f in dataclasses.fields(RunSettings)}
 
 # How far down the queue a free slot looks for a batch that fits (far enough to pass a few large
 # batches, near enough that verdicts still come back roughly in order).
@@ -39,9 +43,10 @@ LOOKAHEAD = 64
 JOB_CLOSE_S = 20.0
 
 
-def job_runner(jobs: int, **settings):
+def job_runner(jobs: int, settings: RunSettings | None = None, **runner_settings):
     """What runs the cases: one Runner in this process for jobs <= 1, else JobProcesses of that
-    many. Both answer run_all, rank_pids, reference_cache_stats, occupancy and close.
+    many. Both answer run_all, rank_pids, reference_cache_stats, occupancy and close. settings: the
+    run's (parity.harness.runner.run_settings); runner_settings: Runner's keywords.
 
     A pipelining Runner here computes references and judges cases while its ranks run the next case,
     on the same cores: its torch gets one thread, as a job process's does (job_main). With torch's
@@ -51,12 +56,12 @@ def job_runner(jobs: int, **settings):
     The numbers are the same (the kernels run these sizes on one thread; -j N was held bitwise to
     this). The baseline (pipeline off) keeps the harness as it was."""
     if jobs <= 1:
-        if settings.get("pipeline", True):
+        if runner_settings.get("pipeline", True):
             import torch
 
             torch.set_num_threads(1)
-        return Runner(**settings)
-    return JobProcesses(jobs, settings)
+        return Runner(settings, **runner_settings)
+    return JobProcesses(jobs, runner_settings, settings=settings)
 
 
 def batches(cases) -> list[list[tuple[int, object]]]:
@@ -74,7 +79,7 @@ def batches(cases) -> list[list[tuple[int, object]]]:
 
 def job_cache_size(process_size: int, jobs: int) -> int:
     """Each job's share of the reference LRU's bound: together the jobs hold no more reference pairs
-    than one process would (compare.REFERENCE_CACHE_SIZE; 0, --no-reference-cache, stays 0).
+    than one process would (RunSettings.reference_cache_size; 0, --no-reference-cache, stays 0).
 
     Why a share and not the whole bound per job: a batch holds every case of one reference_key at
     one world size, so a job reuses a pair within its batch and rarely after it. With the whole
@@ -138,14 +143,18 @@ class _Job:
 class JobProcesses:
     """N job processes, kept across run_all calls (parity run --passes reuses them and their ranks)."""
 
-    def __init__(self, jobs: int, runner_settings: dict, cores: int | None = None):
-        from parity.checks import compare
-
+    def __init__(self, jobs: int, runner_settings: dict, cores: int | None = None,
+                 settings: RunSettings | None = None):
+        """runner_settings: Runner's keywords (RunSettings fields among them go on top of settings)."""
         self.jobs = jobs
         self.cores = cores or available_cores()
-        self.settings = {"runner": runner_settings, "capabilities": {},
-                         "reference_cache_size": job_cache_size(compare.REFERENCE_CACHE_SIZE, jobs),
-                         "reference_disk": str(compare.reference_disk.directory) if compare.reference_disk else None}
+        fields = {k: v for k, v in runner_settings.items() if k in RUN_FIELDS}
+        run = run_settings(settings, **fields)
+        # What every job process starts with (job_body.job_main): the run's settings, its share of
+        # the reference cache's bound among them.
+        self.settings = {"run": run.replace(reference_cache_size=job_cache_size(run.reference_cache_size, jobs)).as_dict(),
+                         "runner": {k: v for k, v in runner_settings.items() if k not in RUN_FIELDS},
+                         "capabilities": {}}
         self.ctx = mp.get_context("spawn")
         self.results = self.ctx.Queue()
         self.pool: list[_Job] = []

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from parity.harness.rank_worker import CPU_RANK_ENV, rank_main
 from parity.harness.timing import pool_phases
+from parity.settings import RunSettings
 
 START_TIMEOUT_S = 300
 # After one rank fails, how long its peers get to fail too before they are presumed stuck in a
@@ -139,8 +140,11 @@ def _tail(path: Path, offset: int, limit: int = 6000) -> str:
 
 class RankPool:
     def __init__(self, world_size: int, device: str = "cpu", log_dir: str | None = None,
-                 start_method: str = "forkserver", release_stuck_peers: bool = True):
+                 start_method: str = "forkserver", release_stuck_peers: bool = True,
+                 settings: RunSettings | None = None):
         self.world_size = world_size
+        # The run's settings, handed to every rank this pool starts (rank_main).
+        self.settings = settings if settings is not None else RunSettings.from_env()
         self.start_method = start_method
         self.release_stuck_peers = release_stuck_peers
         self.device = device
@@ -165,7 +169,8 @@ class RankPool:
                      for r in range(self.world_size)]
         self.procs = [ctx.Process(target=rank_main, daemon=True,
                                   args=(r, self.world_size, self.device, self.store.port, self.tasks[r],
-                                        self.results, str(self.logs[r]), dict(os.environ), os.getpid()))
+                                        self.results, str(self.logs[r]), self.settings.rank_environ(os.environ),
+                                        os.getpid(), self.settings.as_dict()))
                       for r in range(self.world_size)]
         for p in self.procs:
             p.start()

@@ -156,10 +156,12 @@ def _die_with_owner(owner: int | None) -> None:
 
 
 def rank_main(rank: int, world_size: int, device: str, store_port: int, task_queue, result_queue,
-              log_path: str, environ: dict | None = None, owner: int | None = None) -> None:
+              log_path: str, environ: dict | None = None, owner: int | None = None,
+              settings: dict | None = None) -> None:
+    """settings: the run's (RunSettings.as_dict(); None: this process's PARITY_* variables)."""
     if environ is not None:
         # A forked rank has the forkserver's environment, from when it started; the parent's is what
-        # counts now (PARITY_MUTANT is set around one mutant's groups, tests set variables).
+        # counts now (tests set variables; the subject registry's PARITY_SUBJECT_MODULES).
         os.environ.clear()
         os.environ.update(environ)
     log = send_output_to(log_path)
@@ -180,9 +182,12 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
 
     import torch.distributed as dist
 
-    from parity.mutation.catalog import apply_from_env
+    from parity.mutation.catalog import apply_named
     from parity.harness.placement import place_rank, use_placement
+    from parity.settings import RunSettings
     from parity.subjects.base import RankContext
+
+    run = RunSettings(**settings) if settings is not None else RunSettings.from_env()
 
     placement = place_rank(rank, world_size, device)
     use_placement(placement)
@@ -190,7 +195,7 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     # DeepSpeed's comm layer binds any of them (it keeps e.g. all_gather_into_tensor at init).
     from parity.observe import collectives
 
-    collectives.install()
+    collectives.install(trace=run.trace_collectives)
     # One process group per distinct membership for the rank's whole life (parity/harness/group_cache.py).
     from parity.harness import group_cache
 
@@ -201,8 +206,8 @@ def rank_main(rank: int, world_size: int, device: str, store_port: int, task_que
     dist.init_process_group(placement.backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=CASE_COLLECTIVE_TIMEOUT_S))
     ctx = RankContext(rank=rank, world_size=world_size, device=placement.device, mode=placement.mode)
-    # Mutation check only (ci/mutation_check.py): PARITY_MUTANT plants one bug in this process.
-    apply_from_env("rank")
+    # Mutation check only (ci/mutation_check.py): the run's mutant plants one bug in this process.
+    apply_named(run.mutant, "rank")
     result_queue.put(("ready", rank, 0, placement.mode, {}))
 
     while True:

@@ -7,14 +7,13 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from parity.matrix.cases import Case
-from parity.checks.compare import Check, compare, reference_pair, state_after_rejection_checks
+from parity.checks.compare import Check, ReferenceCache, compare, reference_pair, state_after_rejection_checks
 from parity.checks.one_thread import one_torch_thread
 from parity.harness.rank_pool import PoolStartError, RankPool
 from parity.harness.timing import close_case, phase
 from parity.subjects import SUBJECTS
 from parity.checks.verdict import DIVERGED, FAILED, FIXED, PASSED, PRESENT, SKIPPED, XPASSED, Verdict, repro_env
-
-DEFAULT_CASE_TIMEOUT_S = 120.0
+from parity.settings import DEFAULT_CASE_TIMEOUT_S, RunSettings
 
 # Rank processes one Runner keeps alive across its rank groups (one group per world size and device).
 # A CPU rank holds torch, DeepSpeed, transformers and Megatron: measured 420 MB resident (260 MB of
@@ -46,8 +45,12 @@ def default_jobs(cases) -> int:
     return max(1, int(jobs))
 
 
-def strict_from_env() -> bool:
-    return os.environ.get("PARITY_STRICT", "").lower() in ("1", "true", "yes")
+def run_settings(settings: RunSettings | None = None, **fields) -> RunSettings:
+    """settings with fields (RunSettings fields: timeout_s=..., log_dir=...) set on top; None: those
+    of this process's PARITY_* variables, but not strict (a runner made in code is strict only when
+    told; `parity run` and the pytest face build theirs with PARITY_STRICT)."""
+    base = settings if settings is not None else RunSettings.from_env(strict=False)
+    return base.replace(**fields) if fields else base
 
 
 # The harness as issue 16 found it, for the benchmark's old side (parity run --baseline, with -j 1
@@ -57,13 +60,17 @@ BASELINE_SETTINGS = {"overlap_reference": False, "start_method": "spawn", "relea
 
 
 class Runner:
-    def __init__(self, timeout_s: float = DEFAULT_CASE_TIMEOUT_S, strict: bool = False, log_dir: str | None = None,
-                 overlap_reference: bool = True, max_live_ranks: int = DEFAULT_MAX_LIVE_RANKS,
-                 start_method: str = "forkserver", release_stuck_peers: bool = True, pipeline: bool = True):
-        self.timeout_s = timeout_s
+    def __init__(self, settings: RunSettings | None = None, *, overlap_reference: bool = True,
+                 max_live_ranks: int = DEFAULT_MAX_LIVE_RANKS, start_method: str = "forkserver",
+                 release_stuck_peers: bool = True, pipeline: bool = True, **fields):
+        """settings: the run's (run_settings: None and fields as there); the rest: how the harness runs."""
+        self.settings = run_settings(settings, **fields)
+        self.timeout_s = self.settings.timeout_s
         self.max_live_ranks = max_live_ranks
-        self.strict = strict
-        self.log_dir = log_dir
+        self.strict = self.settings.strict
+        self.log_dir = self.settings.log_dir
+        # The reference pairs this runner's cases share (size and disk copy from the settings).
+        self.references = ReferenceCache.from_settings(self.settings)
         # False: the reference is computed after the ranks are done, as the harness did before
         # (parity run --no-reference-cache, the benchmark's baseline).
         self.overlap_reference = overlap_reference
@@ -87,7 +94,7 @@ class Runner:
         if pool is None:
             self._make_room(world_size)
             pool = RankPool(world_size, device, self.log_dir, start_method=self.start_method,
-                            release_stuck_peers=self.release_stuck_peers)
+                            release_stuck_peers=self.release_stuck_peers, settings=self.settings)
         self.pools[key] = pool
         return pool
 
@@ -122,9 +129,7 @@ class Runner:
 
     def reference_cache_stats(self) -> dict:
         """Reference cache hits and misses (and the disk copy's)."""
-        from parity.checks import compare
-
-        return {**compare.reference_cache_stats, **(compare.reference_disk.stats if compare.reference_disk else {})}
+        return self.references.stats()
 
     def occupancy(self) -> dict:
         """Jobs' occupancy (JobProcesses.occupancy): one runner, one case at a time, has none to show."""
@@ -162,7 +167,7 @@ class Runner:
         except Exception:  # noqa: BLE001 - a harness bug fails this case, not the whole run
             verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
             verdict.seconds = time.monotonic() - began
-        verdict.env = repro_env(case)
+        verdict.env = repro_env(case, self.settings)
         verdict.strict = self.strict
         verdict.timing = close_case(timing, verdict.seconds)
         return verdict
@@ -185,7 +190,8 @@ class Runner:
         outcome, mode, reference = ranked
 
         def judged() -> Verdict:
-            return done(judge(case, outcome, self.strict, mode, reference=reference, timing=timing))
+            return done(judge(case, outcome, self.strict, mode, reference=reference, timing=timing,
+                              references=self.references))
 
         return (_inline(judged) if inline else self.judge_thread.submit(judged)), began, timing
 
@@ -200,7 +206,8 @@ class Runner:
         # and a reference that raises raises again where the judge asks for it, as it did inline.
         reference = None
         if self.overlap_reference and not case.expect.is_error:
-            reference = self.reference_thread.submit(timed_reference_pair, SUBJECTS[case.subject], case.values)
+            reference = self.reference_thread.submit(timed_reference_pair, SUBJECTS[case.subject], case.values,
+                                                     self.references)
         try:
             outcome = pool.run(case.subject, case.values, self.timeout_s)
         except PoolStartError as exc:
@@ -211,15 +218,15 @@ class Runner:
 
 # -- judging: shared by the self-spawning Runner and the torchrun launcher (parity/torchrun_launch.py) --
 
-def timed_verdict(case: Case, produce) -> Verdict:
-    """produce() -> Verdict, timed; a harness bug fails this case, not the whole run."""
+def timed_verdict(case: Case, produce, settings: RunSettings) -> Verdict:
+    """produce() -> Verdict, timed; a harness bug fails this case, not the whole run; settings: the run's."""
     start = time.monotonic()
     try:
         verdict = produce()
     except Exception:  # noqa: BLE001
         verdict = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
     verdict.seconds = time.monotonic() - start
-    verdict.env = repro_env(case)
+    verdict.env = repro_env(case, settings)
     return verdict
 
 
@@ -233,25 +240,28 @@ def skip_verdict(case: Case, strict: bool) -> Verdict | None:
     return Verdict(case, SKIPPED, reason=reason)
 
 
-def timed_reference_pair(subject, values):
-    """reference_pair and the seconds it took where it ran (a thread of its own, overlapping rank work)."""
+def timed_reference_pair(subject, values, references: ReferenceCache | None = None):
+    """The reference pair (kept in references, where given) and the seconds it took where it ran (a
+    thread of its own, overlapping rank work)."""
     start = time.monotonic()
-    pair = reference_pair(subject, values)
+    pair = references.pair(subject, values) if references is not None else reference_pair(subject, values)
     return pair, time.monotonic() - start
 
 
-def judge(case: Case, outcome, strict: bool, mode: str = "", reference=None, timing: dict | None = None) -> Verdict:
+def judge(case: Case, outcome, strict: bool, mode: str = "", reference=None, timing: dict | None = None,
+          references: ReferenceCache | None = None) -> Verdict:
     """Every rank's outcome of one case (a PoolOutcome) -> its verdict. reference: a Future of
-    timed_reference_pair already under way (else it is computed here, when needed); timing: where
-    the reference and comparison phases are added (parity.harness.timing)."""
+    timed_reference_pair already under way (else it is computed here, when needed, kept in
+    references where given); timing: where the reference and comparison phases are added
+    (parity.harness.timing)."""
     with one_torch_thread():  # stage oracles and comparisons too (parity/checks/one_thread.py)
-        verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict, reference, timing)
+        verdict = _judge(case, SUBJECTS[case.subject], case.values, outcome, strict, reference, timing, references)
     verdict.mode = mode
     verdict.observed = observed_facts(outcome)
     return verdict
 
 
-def _judge(case, subject, values, outcome, strict, reference_future=None, timing=None) -> Verdict:
+def _judge(case, subject, values, outcome, strict, reference_future=None, timing=None, references=None) -> Verdict:
     if case.expect.is_error:
         return _rejection_verdict(case, outcome, strict)
     if case.divergence is not None and case.divergence.raises and outcome.errors:
@@ -263,7 +273,8 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
         return Verdict(case, FAILED, reason=f"rank {first} raised {err.type}: {err.message.splitlines()[0] if err.message else ''}",
                        rank_errors=outcome.errors)
     with phase(timing, "reference"):
-        (reference, oracle), computed = (reference_future or _inline(timed_reference_pair, subject, values)).result()
+        (reference, oracle), computed = (reference_future
+                                         or _inline(timed_reference_pair, subject, values, references)).result()
     if timing is not None:
         timing["reference_compute"] = computed
     with phase(timing, "comparison"):

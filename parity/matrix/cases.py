@@ -52,12 +52,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.matrix.axes import AXES, UNIVERSAL_AXES
+from parity.settings import CASES_DIR_VAR, RunSettings
 from parity.subjects import SUBJECTS
 
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
@@ -70,9 +70,9 @@ DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "
 # entry, since it names axes of that entry's subject.
 NAMED_MARK_KEYS = tuple(k for k in DIVERGENCE_KEYS if k not in ("where", "mark"))
 # The case files and ci/repro/ live beside the package in a checkout; an installed wheel carries
-# neither, so PARITY_CASES_DIR points at a checkout's cases/ (repro paths resolve from its parent).
-CASES_DIR_VAR = "PARITY_CASES_DIR"
-CASES_DIR = Path(os.environ.get(CASES_DIR_VAR) or Path(__file__).resolve().parents[2] / "cases").resolve()
+# neither, so PARITY_CASES_DIR (RunSettings.cases_dir) points at a checkout's cases/ (repro paths
+# resolve from its parent). Fixed at import: the marks file and every default selection derive from it.
+CASES_DIR = Path(RunSettings.from_env().cases_dir or Path(__file__).resolve().parents[2] / "cases").resolve()
 # Beside the case files, in a folder of its own: cases/*.toml are all case files (the pytest collector,
 # the CI family list and several tests glob them).
 MARKS_FILE = CASES_DIR / "marks" / "known_divergence.toml"

@@ -7,9 +7,10 @@ suite's own references), and ``ci/mutation_check.py`` checks that the suite fail
 
 Where a mutant is applied matters:
 
-- ``where="rank"``: DeepSpeed code runs only in the spawned rank processes. The parent sets
-  ``PARITY_MUTANT=<name>`` before it creates a ``parity.harness.runner.Runner``; every rank process of
-  that runner inherits it and ``parity.harness.rank_worker`` applies the patch once, at rank start.
+- ``where="rank"``: DeepSpeed code runs only in the spawned rank processes. The parent gives a
+  ``parity.harness.runner.Runner`` run settings naming the mutant (``RunSettings.mutant``, from
+  ``PARITY_MUTANT=<name>``); every rank process of that runner is started with it and
+  ``parity.harness.rank_worker`` applies the patch once, at rank start.
 - ``where="parent"``: the references (``references/``) are trained in the parent process by
   ``parity.checks.compare.reference_pair``, so a reference mutant is applied there, in-process, and
   undone afterwards. It must NOT reach the ranks: the column-gathered subject computes its loss
@@ -25,11 +26,12 @@ so a mutant differs from DeepSpeed in exactly one way.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-ENV_VAR = "PARITY_MUTANT"
+from parity.settings import MUTANT_VAR
+
+ENV_VAR = MUTANT_VAR  # PARITY_MUTANT
 # The families (subject names) the mutants below break; families() says which families there are.
 COLUMN, VOCAB = "column_gathered", "vocab_parallel"
 ROW, TIED_ROW, TIED_VOCAB = "row_parallel", "tied_row_parallel", "tied_vocab_parallel"
@@ -1484,9 +1486,9 @@ def get(name: str) -> Mutant:
         raise KeyError(f"unknown mutant {name!r}; known: {', '.join(BY_NAME)}") from None
 
 
-def apply_from_env(where: str = "rank"):
-    """Called once at rank start: apply PARITY_MUTANT if it names a mutant of this process kind."""
-    name = os.environ.get(ENV_VAR, "").strip()
+def apply_named(name: str, where: str = "rank"):
+    """Called once at process start with the run's mutant (RunSettings.mutant, PARITY_MUTANT):
+    apply it if it names a mutant of this process kind ("rank" or "parent")."""
     if not name:
         return None
     mutant = get(name)

@@ -6,7 +6,7 @@
 1. Baseline: a small selection of cases per family (subject) from the default matrix must be
    green; otherwise the check stops (a red baseline would "kill" every mutant).
 2. Each mutant runs against the selected cases of every family it applies to, in a fresh
-   rank group (rank mutants are applied at rank start through PARITY_MUTANT; reference mutants
+   rank group (rank mutants are applied at rank start, named by the run settings; reference mutants
    are applied in this process, where the references run).
 3. A (mutant, family) cell is KILLED only when a case's verdict is failed with failed parity
    checks. A crash, timeout or rank error is "crashed", not a kill. By default a cell stops at its
@@ -26,7 +26,6 @@ import sys
 import time
 
 from parity.mutation import catalog
-from parity.checks.compare import clear_reference_cache
 from parity.checks.verdict import DIVERGED, FAILED, PASSED, XPASSED
 
 # Verdicts of a case that hold the subject to the reference: passed, or diverged exactly as its case
@@ -197,27 +196,25 @@ def _cell_status(case_results: list[dict]) -> str:
 def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_runner=None,
               log_dir: str | None = None) -> list[dict]:
     """Run groups of cases with ``mutant`` planted where it belongs; with stop_at_kill, a group
-    stops at its first killing case. A rank mutant gets a fresh Runner (fresh rank groups that
-    inherit PARITY_MUTANT); a parent (reference) mutant may reuse ``clean_runner``, whose ranks
+    stops at its first killing case. A rank mutant gets a fresh Runner (fresh rank groups, started
+    with run settings naming it); a parent (reference) mutant may reuse ``clean_runner``, whose ranks
     are unmutated: the ranks are not what it changes."""
-    from parity.harness.runner import Runner
+    from parity.harness.runner import Runner, run_settings
 
     if mutant is not None and mutant.where == "rank":
         clean_runner = None
+    # Named for a parent mutant too: ranks ignore it (apply_named(..., "rank")), and each failing
+    # case's reproducer then carries it (`parity run` applies a parent mutant from it).
+    runner = clean_runner or Runner(run_settings(
+        timeout_s=timeout_s, mutant=mutant.name if mutant else "",
+        log_dir=os.path.join(log_dir, mutant.name) if log_dir and mutant else log_dir))
     undo = None
-    os.environ.pop(catalog.ENV_VAR, None)
-    if mutant is not None:
-        # Set for a parent mutant too: ranks ignore it (apply_from_env("rank")), and each failing
-        # case's reproducer then carries it (`parity run` applies a parent mutant from it).
-        os.environ[catalog.ENV_VAR] = mutant.name  # inherited by the rank processes spawned below
-        if mutant.where != "rank":
-            undo = mutant.apply()
-            # References are shared between cases (checks.compare.reference_pair): ones computed
-            # before this mutant was planted would hide it, and ones computed under it must not
-            # outlive it.
-            clear_reference_cache()
-    runner = clean_runner or Runner(timeout_s=timeout_s,
-                                    log_dir=os.path.join(log_dir, mutant.name) if log_dir and mutant else log_dir)
+    if mutant is not None and mutant.where != "rank":
+        undo = mutant.apply()
+        # References are shared between a runner's cases (checks.compare.ReferenceCache): ones
+        # computed before this mutant was planted would hide it, and ones computed under it must
+        # not outlive it.
+        runner.references.clear()
     results = []
     try:
         for cases in groups:
@@ -230,8 +227,7 @@ def run_cases(groups, timeout_s: float, stop_at_kill: bool, mutant=None, clean_r
             runner.close()
         if undo is not None:
             undo()
-            clear_reference_cache()
-        os.environ.pop(catalog.ENV_VAR, None)
+            runner.references.clear()
     return results
 
 
@@ -322,7 +318,6 @@ def run(args) -> int:
         return 0
 
     start = time.monotonic()
-    os.environ.pop(catalog.ENV_VAR, None)  # only run_cases sets it, around one mutant's Runner
     if args.fast:
         plan = [(catalog.get(n), (fam,)) for n, fam in FAST_MUTANTS.items()]
         per_family = FAST_CASES
@@ -342,13 +337,14 @@ def run(args) -> int:
         return BASELINE_RED
 
     print(f"baseline: {sum(len(c) for c in cases.values())} cases over {', '.join(families)}", flush=True)
-    from parity.harness.runner import Runner
+    from parity.harness.runner import Runner, run_settings
 
     if not args.logs:
         import tempfile
 
         args.logs = tempfile.mkdtemp(prefix="parity-mutants-")
-    clean = Runner(timeout_s=args.timeout, log_dir=os.path.join(args.logs, "baseline"))  # PARITY_MUTANT is unset while its ranks spawn (run_cases)
+    # No mutant in the baseline's ranks, whatever PARITY_MUTANT says (run_cases names each mutant).
+    clean = Runner(run_settings(timeout_s=args.timeout, log_dir=os.path.join(args.logs, "baseline"), mutant=""))
     try:
         return _check(args, plan, families, cases, clean, start, not_here)
     finally:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import types
 from collections import Counter
@@ -56,7 +55,6 @@ FUNCOL_KINDS = {"all_reduce": "all_reduce", "all_gather_tensor": "all_gather_int
 # function's inner calls twice is per thread: that nesting happens within one thread's stack.
 _window = types.SimpleNamespace(counts=None)
 _state = threading.local()  # .depth: inside a counted call on this thread
-_TRACE = bool(os.environ.get("PARITY_TRACE_COLLECTIVES"))  # print each counted call's stack (rank logs)
 _installed = False
 _ignored_groups: list = []  # groups whose collectives are never counted (the engine's DP group)
 
@@ -81,8 +79,9 @@ _signatures: dict = {}
 _originals: dict = {}
 
 
-def install() -> None:
-    """Wrap torch.distributed's collectives in this process (idempotent)."""
+def install(trace: bool = False) -> None:
+    """Wrap torch.distributed's collectives in this process (idempotent); trace: print each counted
+    call's stack to the rank log (RunSettings.trace_collectives, PARITY_TRACE_COLLECTIVES)."""
     global _installed
     if _installed:
         return
@@ -94,14 +93,14 @@ def install() -> None:
             continue
         _originals[kind] = original
 
-        def wrapper(*args, __kind=kind, __original=original, **kwargs):
+        def wrapper(*args, __kind=kind, __original=original, __trace=trace, **kwargs):
             counts = _window.counts
             if counts is None or getattr(_state, "depth", 0):
                 return __original(*args, **kwargs)
             group, size = _group_size(dist, args, kwargs, __kind)
             if not any(group is g for g in _ignored_groups):
                 counts[f"{__kind}@{size}"] += 1
-                if _TRACE:
+                if __trace:
                     import traceback
 
                     print(f"=== collective {__kind}@{size}:\n" + "".join(traceback.format_stack(limit=8)[:-1]),
@@ -114,11 +113,11 @@ def install() -> None:
 
         functools.update_wrapper(wrapper, original)
         setattr(dist, kind, wrapper)
-    _install_functional()
+    _install_functional(trace)
     _installed = True
 
 
-def _install_functional() -> None:
+def _install_functional(trace: bool) -> None:
     import torch.distributed._functional_collectives as funcol
     import torch.distributed.distributed_c10d as c10d
 
@@ -127,7 +126,7 @@ def _install_functional() -> None:
         if original is None:
             continue
 
-        def wrapper(*args, __kind=kind, __name=name, __original=original, **kwargs):
+        def wrapper(*args, __kind=kind, __name=name, __original=original, __trace=trace, **kwargs):
             counts = _window.counts
             if counts is None or getattr(_state, "depth", 0):
                 return __original(*args, **kwargs)
@@ -139,7 +138,7 @@ def _install_functional() -> None:
             group = sig.bind_partial(*args, **kwargs).arguments.get("group")
             size = c10d._resolve_process_group(funcol._resolve_group_name(group)).size()
             counts[f"{__kind}@{size}"] += 1
-            if _TRACE:
+            if __trace:
                 import traceback
 
                 print(f"=== collective {__kind}@{size} (functional {__name}):\n"

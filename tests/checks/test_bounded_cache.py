@@ -3,6 +3,7 @@ import threading
 
 from parity.checks import compare, rounding, stages
 from parity.checks.bounded_cache import BoundedCache
+from parity.settings import DEFAULT_REFERENCE_CACHE_SIZE, RunSettings
 
 
 def test_get_put_and_least_recently_used_eviction():
@@ -41,7 +42,7 @@ def test_the_size_is_read_at_every_store():
     size = {"n": 2}
     cache = BoundedCache(lambda: size["n"])
     cache.put("a", 1)
-    size["n"] = 0  # what `parity run --no-reference-cache` does to compare.REFERENCE_CACHE_SIZE
+    size["n"] = 0  # a module's size constant set to 0 after its cache was made (tests monkeypatch them)
     cache.put("b", 2)
     assert "a" not in cache and len(cache) == 1  # one entry (the oldest) dropped per store, as before the class
     cache.put("c", 3)
@@ -49,13 +50,18 @@ def test_the_size_is_read_at_every_store():
 
 
 def test_the_module_size_names_still_govern_their_caches(monkeypatch):
-    for module, name, cache in ((compare, "REFERENCE_CACHE_SIZE", compare._reference_cache),
-                                (rounding, "SPREAD_CACHE_SIZE", rounding._cache),
+    for module, name, cache in ((rounding, "SPREAD_CACHE_SIZE", rounding._cache),
                                 (stages, "_CACHE_SIZE", stages._CACHE)):
         assert cache.maxsize == getattr(module, name)
         monkeypatch.setattr(module, name, 0)
         assert cache.maxsize == 0, name
-    assert compare.reference_cache_stats is compare._reference_cache.stats
+
+
+def test_the_reference_cache_takes_its_bound_from_the_run_settings():
+    assert compare.ReferenceCache().memory.maxsize == DEFAULT_REFERENCE_CACHE_SIZE
+    off = compare.ReferenceCache.from_settings(RunSettings(reference_cache_size=0))  # --no-reference-cache
+    assert off.memory.maxsize == 0 and off.disk is None
+    assert off.stats() == off.memory.stats == {"hits": 0, "misses": 0}
 
 
 def test_threads_share_one_cache():

@@ -93,19 +93,17 @@ def test_float32_logits_from_a_bf16_head_fail_end_to_end():
     assert "dtype float32, reference bfloat16" in verdict.failed_checks[0].detail
 
 
-def test_a_master_rounded_to_bf16_after_every_update_fails_the_master_weight_check(monkeypatch):
+def test_a_master_rounded_to_bf16_after_every_update_fails_the_master_weight_check():
     """FP16_UnfusedOptimizer with its float32 master rounded to bf16 after each step (the mutant
     unfused_master_in_model_dtype): the bf16 weights stay within their bound, the master does not."""
-    from parity.harness.runner import Runner
+    from parity.harness.runner import Runner, run_settings
     from parity.matrix.cases import load
-    from parity.mutation.catalog import ENV_VAR
 
     case = next(c for c in load() if c.id == "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2"
                                               "-tp2-cpu")
     verdicts = {}
     for mutant in ("", "unfused_master_in_model_dtype"):
-        monkeypatch.setenv(ENV_VAR, mutant)  # read by the ranks this Runner spawns
-        runner = Runner(timeout_s=120)
+        runner = Runner(run_settings(timeout_s=120, mutant=mutant))  # its ranks plant the mutant
         try:
             verdicts[mutant] = runner.run(case)
         finally:

@@ -4,6 +4,7 @@ import numpy as np
 
 from parity.checks import compare
 from parity.matrix.cases import load
+from parity.settings import RunSettings
 from parity.subjects import SUBJECTS
 from parity.subjects.base import Subject
 
@@ -22,16 +23,16 @@ def _same(a, b):
 
 
 def test_zero_stages_share_one_reference_and_it_is_the_fresh_one():
-    compare.clear_reference_cache()
+    references = compare.ReferenceCache()
     zero0, zero2 = _case(ZERO0), _case(ZERO2)
     subject = SUBJECTS[zero0.subject]
     assert subject.reference_key(zero0.values) == subject.reference_key(zero2.values)
-    before = dict(compare.reference_cache_stats)
-    first = compare.reference_pair(subject, zero0.values)
-    second = compare.reference_pair(subject, zero2.values)
+    before = dict(references.stats())
+    first = references.pair(subject, zero0.values)
+    second = references.pair(subject, zero2.values)
     assert second is first
-    assert compare.reference_cache_stats["misses"] == before["misses"] + 1
-    assert compare.reference_cache_stats["hits"] == before["hits"] + 1
+    assert references.stats()["misses"] == before["misses"] + 1
+    assert references.stats()["hits"] == before["hits"] + 1
     fresh = subject.reference(zero2.values), subject.reference(zero2.values, compare.torch.float64)
     _same(first[0], fresh[0])
     _same(first[1], fresh[1])
@@ -57,11 +58,11 @@ def test_a_subject_with_its_own_reference_is_never_shared():
             assert SUBJECTS[case.subject].reference_key(case.values) is None, case.id
 
 
-def test_the_baseline_switch_recomputes_every_reference(monkeypatch):
-    compare.clear_reference_cache()
-    monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)  # what `parity run --no-reference-cache` sets
+def test_the_baseline_switch_recomputes_every_reference():
+    # what `parity run --no-reference-cache` sets
+    references = compare.ReferenceCache.from_settings(RunSettings(reference_cache_size=0))
     zero0, zero2 = _case(ZERO0), _case(ZERO2)
     subject = SUBJECTS[zero0.subject]
-    before = dict(compare.reference_cache_stats)
-    assert compare.reference_pair(subject, zero0.values) is not compare.reference_pair(subject, zero2.values)
-    assert compare.reference_cache_stats["misses"] == before["misses"] + 2
+    before = dict(references.stats())
+    assert references.pair(subject, zero0.values) is not references.pair(subject, zero2.values)
+    assert references.stats()["misses"] == before["misses"] + 2

@@ -17,6 +17,7 @@ from parity.checks.reference_disk import ReferenceDisk
 from parity.cli import main
 from parity.matrix.cases import at_seeds, load, select
 from parity.report.records import result_lines
+from parity.settings import RunSettings
 from parity.subjects import SUBJECTS
 
 FP32 = "column_gathered-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
@@ -31,11 +32,8 @@ def case(case_id):
 
 
 @pytest.fixture
-def disk(tmp_path, monkeypatch):
-    compare.clear_reference_cache()
-    monkeypatch.setattr(compare, "reference_disk", ReferenceDisk(tmp_path / "refs"))
-    yield compare.reference_disk
-    compare.clear_reference_cache()
+def cache(tmp_path):
+    return compare.ReferenceCache(disk_dir=tmp_path / "refs")
 
 
 def entries(disk) -> list[Path]:
@@ -54,22 +52,22 @@ def computing_forbidden(monkeypatch, subject):
     monkeypatch.setattr(subject, "reference", lambda *a, **k: pytest.fail("computed instead of read from disk"))
 
 
-def test_a_stored_pair_is_read_back_instead_of_computed(disk, monkeypatch):
+def test_a_stored_pair_is_read_back_instead_of_computed(cache, monkeypatch):
     c = case(FP32)
     subject = SUBJECTS[c.subject]
-    computed = compare.reference_pair(subject, c.values)
-    assert disk.stats == {"disk_hits": 0, "disk_writes": 1, "disk_unreadable": 0}
-    assert [p.suffix for p in entries(disk)] == [".pt"]  # no temporary file left behind
-    compare.clear_reference_cache()  # as a later run, or another worker, starts
+    computed = cache.pair(subject, c.values)
+    assert cache.disk.stats == {"disk_hits": 0, "disk_writes": 1, "disk_unreadable": 0}
+    assert [p.suffix for p in entries(cache.disk)] == [".pt"]  # no temporary file left behind
+    cache.clear()  # as a later run, or another worker, starts
     computing_forbidden(monkeypatch, subject)
-    assert_same_pair(compare.reference_pair(subject, c.values), computed)
-    assert disk.stats["disk_hits"] == 1
+    assert_same_pair(cache.pair(subject, c.values), computed)
+    assert cache.disk.stats["disk_hits"] == 1
 
 
-def test_another_seed_or_dtype_is_another_entry(disk):
+def test_another_seed_or_dtype_is_another_entry(cache):
     for c in (case(FP32), at_seeds([case(FP32)], [1])[0], case(BF16)):
-        compare.reference_pair(SUBJECTS[c.subject], c.values)
-    assert disk.stats == {"disk_hits": 0, "disk_writes": 3, "disk_unreadable": 0} and len(entries(disk)) == 3
+        cache.pair(SUBJECTS[c.subject], c.values)
+    assert cache.disk.stats == {"disk_hits": 0, "disk_writes": 3, "disk_unreadable": 0} and len(entries(cache.disk)) == 3
 
 
 def test_an_edit_to_the_references_source_is_another_key(tmp_path):
@@ -84,23 +82,23 @@ def test_an_edit_to_the_references_source_is_another_key(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "another key"])
-def test_a_torn_or_foreign_entry_is_computed_again_and_rewritten(disk, damage, capsys):
+def test_a_torn_or_foreign_entry_is_computed_again_and_rewritten(cache, damage, capsys):
     c = case(FP32)
     subject = SUBJECTS[c.subject]
-    computed = compare.reference_pair(subject, c.values)
-    (path,) = entries(disk)
+    computed = cache.pair(subject, c.values)
+    (path,) = entries(cache.disk)
     data = path.read_bytes()
     if damage == "another key":  # a whole entry, but of another key (a hash collision, a copied file)
         torch.save({**torch.load(path, weights_only=True), "key": "another key"}, path)
     else:
         path.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"not a torch file" * 50, "empty": b""}[damage])
-    compare.clear_reference_cache()
-    assert_same_pair(compare.reference_pair(subject, c.values), computed)
-    assert disk.stats == {"disk_hits": 0, "disk_writes": 2, "disk_unreadable": 1}
+    cache.clear()
+    assert_same_pair(cache.pair(subject, c.values), computed)
+    assert cache.disk.stats == {"disk_hits": 0, "disk_writes": 2, "disk_unreadable": 1}
     assert f"reference cache: {path} is unreadable" in capsys.readouterr().err
-    compare.clear_reference_cache()
-    assert_same_pair(compare.reference_pair(subject, c.values), computed)  # the rewritten entry reads back
-    assert disk.stats["disk_hits"] == 1
+    cache.clear()
+    assert_same_pair(cache.pair(subject, c.values), computed)  # the rewritten entry reads back
+    assert cache.disk.stats["disk_hits"] == 1
 
 
 def test_verdicts_and_results_are_the_same_with_and_without_it(tmp_path):
@@ -111,16 +109,14 @@ def test_verdicts_and_results_are_the_same_with_and_without_it(tmp_path):
     runs = []
     try:
         for directory in (None, tmp_path / "refs", tmp_path / "refs"):  # none, filled, read back
-            compare.clear_reference_cache()
-            compare.use_reference_disk(directory)
+            # Each run's own cache, as a later run starts with (the rank groups stay warm).
+            runner.references = compare.ReferenceCache.from_settings(RunSettings(reference_disk=directory))
             verdicts = list(runner.run_all(cases))
             runs.append(([(v.case.id, v.status, v.reason) for v in verdicts],
                          [json.dumps(line, default=str) for v in verdicts for line in result_lines(v.as_dict())],
-                         compare.reference_disk and dict(compare.reference_disk.stats)))
+                         runner.references.disk and dict(runner.references.disk.stats)))
     finally:
         runner.close()
-        compare.use_reference_disk(None)
-        compare.clear_reference_cache()
     (plain, plain_lines, _), (filled, filled_lines, wrote), (read, read_lines, hit) = runs
     assert "passed" in [s for _, s, _ in plain] and len(plain_lines) > 100  # numerical checks ran
     assert plain == filled == read and plain_lines == filled_lines == read_lines
@@ -128,14 +124,14 @@ def test_verdicts_and_results_are_the_same_with_and_without_it(tmp_path):
     assert hit == {"disk_hits": 2, "disk_writes": 0, "disk_unreadable": 0}
 
 
-def test_the_option_makes_the_directory_and_hands_it_to_the_cache(tmp_path, monkeypatch):
+def test_the_option_makes_the_directory_and_hands_it_to_the_cache(tmp_path):
     from argparse import Namespace
 
     from parity.cli import use_reference_cache
 
-    monkeypatch.setattr(compare, "reference_disk", None)
-    use_reference_cache(Namespace(reference_cache=str(tmp_path / "a" / "b"), no_reference_cache=False))
-    assert compare.reference_disk.directory == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    directory = use_reference_cache(Namespace(reference_cache=str(tmp_path / "a" / "b"), no_reference_cache=False))
+    references = compare.ReferenceCache.from_settings(RunSettings(reference_disk=directory))
+    assert references.disk.directory == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
 
 
 def test_a_file_where_the_directory_should_be_is_a_one_line_error(tmp_path, capsys):
@@ -146,7 +142,7 @@ def test_a_file_where_the_directory_should_be_is_a_one_line_error(tmp_path, caps
     assert err == f"parity: --reference-cache {taken}: exists and is not a directory (allowed: a directory, created if missing)\n"
     assert main(["run", "--reference-cache", str(tmp_path / "new"), "--no-reference-cache", "--case", FP32]) == 2
     assert "--reference-cache and --no-reference-cache" in capsys.readouterr().err
-    assert compare.reference_disk is None
+    assert not (tmp_path / "new").exists()  # refused before any cache was made
 
 
 def test_pytest_workers_share_the_directory(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from parity.checks.verdict import FAILED, Verdict, repro_env
+from parity.settings import RunSettings
 from parity.cli import build_parser, main, rerun_ids
 from parity.matrix.cases import load
 
@@ -135,19 +136,19 @@ def test_repro_carries_environment_and_strict(monkeypatch):
     case = next(c for c in load([FAULTY]) if c.subject == "faulty_dropped_allreduce")
     monkeypatch.setenv("PARITY_SUBJECT_MODULES", "tests.faulty_subjects")
     monkeypatch.setenv("PARITY_MUTANT", "ce_local_max")
-    verdict = Verdict(case, FAILED, env=repro_env(case), strict=True)
+    verdict = Verdict(case, FAILED, env=repro_env(case, RunSettings.from_env()), strict=True)
     matrix = case.source.rsplit(":", 1)[0]
     assert verdict.repro() == (f"PARITY_MUTANT=ce_local_max PARITY_SUBJECT_MODULES=tests.faulty_subjects "
                                f"parity run --matrix {matrix} --case {case.id} --strict")
     monkeypatch.delenv("PARITY_MUTANT")
     monkeypatch.delenv("PARITY_SUBJECT_MODULES")
-    assert Verdict(case, FAILED, env=repro_env(case)).repro() == f"parity run --matrix {matrix} --case {case.id}"
+    assert Verdict(case, FAILED, env=repro_env(case, RunSettings.from_env())).repro() == f"parity run --matrix {matrix} --case {case.id}"
 
 
 def test_repro_names_the_visible_gpus_of_a_cuda_case(monkeypatch):
     case = next(c for c in load() if c.values.get("device") == "cuda")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
     monkeypatch.delenv("PARITY_SUBJECT_MODULES")  # tests/conftest.py sets it for the whole session
-    assert Verdict(case, FAILED, env=repro_env(case)).repro().startswith("CUDA_VISIBLE_DEVICES=1,2 parity run ")
+    assert Verdict(case, FAILED, env=repro_env(case, RunSettings.from_env())).repro().startswith("CUDA_VISIBLE_DEVICES=1,2 parity run ")
     cpu = next(c for c in load() if c.values.get("device") == "cpu")
-    assert "CUDA_VISIBLE_DEVICES" not in repro_env(cpu)
+    assert "CUDA_VISIBLE_DEVICES" not in repro_env(cpu, RunSettings.from_env())

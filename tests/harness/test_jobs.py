@@ -7,11 +7,11 @@ crash that leaves a peer in a collective."""
 import json
 import time
 
-from parity.checks import compare
 from parity.harness.job_processes import job_runner
-from parity.harness.runner import BASELINE_SETTINGS, default_jobs
+from parity.harness.runner import BASELINE_SETTINGS, Runner, default_jobs, run_settings
 from parity.matrix.cases import load
 from parity.report.records import result_lines
+from parity.settings import RunSettings
 
 
 def mixed_selection():
@@ -31,28 +31,28 @@ def mixed_selection():
     return picked
 
 
-def _results(cases, jobs, baseline=False, monkeypatch=None):
-    compare.clear_reference_cache()  # each run computes its own references, as a fresh process would
-    if baseline:
-        monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 0)
-    runner = job_runner(jobs, timeout_s=120, **(BASELINE_SETTINGS if baseline else {}))
+def _results(cases, jobs, baseline=False):
+    """The verdicts, results.jsonl's lines, and the references one runner kept (None for jobs > 1).
+    Each runner has its own reference cache: each run computes its own references, as a fresh process would."""
+    settings = run_settings(timeout_s=120, **({"reference_cache_size": 0} if baseline else {}))
+    runner = job_runner(jobs, settings, **(BASELINE_SETTINGS if baseline else {}))
     try:
         verdicts = list(runner.run_all(cases))
     finally:
         runner.close()
-        monkeypatch and monkeypatch.undo()
     lines = [json.dumps(line, default=str, separators=(",", ":")) for v in verdicts
              for line in result_lines(v.as_dict())]
-    return [(v.case.id, v.status, v.reason) for v in verdicts], "\n".join(lines)
+    kept = len(runner.references.memory) if isinstance(runner, Runner) else None
+    return [(v.case.id, v.status, v.reason) for v in verdicts], "\n".join(lines), kept
 
 
-def test_parallel_jobs_give_the_serial_results_bitwise(monkeypatch):
+def test_parallel_jobs_give_the_serial_results_bitwise():
     cases = mixed_selection()
     assert {c.world_size for c in cases} == {2, 3} and any(c.divergence for c in cases)
-    serial, serial_lines = _results(cases, 1, baseline=True, monkeypatch=monkeypatch)
-    assert not compare._reference_cache  # the baseline kept no reference
+    serial, serial_lines, kept = _results(cases, 1, baseline=True)
+    assert kept == 0  # the baseline kept no reference
     for jobs in (1, 2):
-        new, new_lines = _results(cases, jobs)
+        new, new_lines, _ = _results(cases, jobs)
         assert new == serial, jobs
         assert new_lines == serial_lines, jobs
     assert [s for _, s, _ in serial].count("passed") >= 4 and "skipped" in [s for _, s, _ in serial]
@@ -88,15 +88,14 @@ def test_batches_keep_a_reference_and_a_world_size_together():
     assert any(len(b) > 1 for b in found)  # cases that share a reference go to one job
 
 
-def test_the_jobs_together_hold_no_more_references_than_one_process(monkeypatch):
+def test_the_jobs_together_hold_no_more_references_than_one_process():
     from parity.harness.job_processes import JobProcesses, job_cache_size
 
     assert [job_cache_size(256, j) for j in (1, 2, 3, 8, 300)] == [256, 128, 86, 32, 1]
     assert job_cache_size(0, 8) == 0  # --no-reference-cache reaches the jobs
-    monkeypatch.setattr(compare, "REFERENCE_CACHE_SIZE", 256)
-    jobs = JobProcesses(8, {}, cores=16)  # no process starts before the first batch
+    jobs = JobProcesses(8, {}, cores=16, settings=RunSettings(reference_cache_size=256))  # no process starts yet
     try:
-        assert jobs.settings["reference_cache_size"] == 32
+        assert jobs.settings["run"]["reference_cache_size"] == 32
     finally:
         jobs.close()
 

@@ -84,7 +84,7 @@ def test_red_baseline_has_its_own_exit_status(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(check, "select_cases", lambda families, per: {f: [] for f in families})
 
     class NoRunner:
-        def __init__(self, **kw):
+        def __init__(self, *settings, **kw):
             pass
 
         def close(self):
