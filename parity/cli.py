@@ -274,7 +274,7 @@ def version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and option has help text (tests/test_cli.py walks this tree)."""
     from parity.bench import add_arguments as add_bench_arguments
-    from parity.mutation import check as mutation_check
+    import parity.mutants as mutation_check
     from parity.report.diff import add_arguments as add_diff_arguments
 
     parser = argparse.ArgumentParser(prog="parity", description=__doc__,
@@ -382,7 +382,7 @@ def dispatch(args) -> int:
 
         return cmd_explore(args)
     if args.command == "mutants":
-        from parity.mutation.check import run
+        from parity.mutants import run
 
         return run(args)
     return {"list": cmd_list, "run": cmd_run}[args.command](args)

@@ -11,12 +11,12 @@ LAYERS = [
     ("references",),
     ("parity.settings",),  # the run's settings (RunSettings): read by every layer above, imports none of them
     ("parity.observe",),
-    ("parity.subjects", "parity.mutation.catalog"),
+    ("parity.subjects", "parity.mutation"),
     ("parity.matrix",),
     ("parity.checks",),
     ("parity.harness",),
     ("parity.report",),
-    ("parity.mutation.check", "parity.torchrun_launch", "parity.bench", "parity.scale", "parity.sensitivity", "parity.cli", "parity.explore"),
+    ("parity.mutants", "parity.torchrun_launch", "parity.bench", "parity.scale", "parity.sensitivity", "parity.cli", "parity.explore"),
 ]
 
 
@@ -58,9 +58,9 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_every_module_has_a_layer():
-    # A package whose __init__ imports nothing (a docstring only) needs none: parity, parity.mutation.
+    # A package whose __init__ imports nothing (a docstring only) needs none: parity.
     assert [m for m, deps in graph().items() if layer_of(m) is None and deps] == []
-    assert sorted(m for m in graph() if layer_of(m) is None) == ["parity", "parity.mutation"]
+    assert sorted(m for m in graph() if layer_of(m) is None) == ["parity"]
 
 
 def test_imports_point_down():
@@ -99,8 +99,7 @@ def test_no_import_cycles():
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The rule can fail: a subject importing the harness is an upward import."""
     assert layer_of("parity.subjects.base") < layer_of("parity.harness.runner")
-    assert layer_of("parity.mutation.catalog") < layer_of("parity.harness.rank_worker") < layer_of(
-        "parity.mutation.check")
+    assert layer_of("parity.mutation.catalog") < layer_of("parity.harness.rank_worker") < layer_of("parity.mutants")
     probe = tmp_path / "probe.py"
     probe.write_text("from parity.harness.runner import Runner\n")
     assert "parity.harness.runner" in imports(probe)
@@ -108,3 +107,12 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     probe.write_text("class S:\n    def run_rank(self):\n        from parity.report import html\n"
                      "        import importlib\n        importlib.import_module('parity.harness.placement')\n")
     assert {"parity.report", "parity.report.html", "parity.harness.placement"} <= imports(probe)
+
+
+def test_a_package_is_one_layer():
+    """Every module of a package sits in its package's layer, so an import between packages points the way the
+    layers do (parity.mutation's check, which runs the harness, lives above it as parity.mutants)."""
+    packages = {m for m in graph() if (ROOT / m.replace(".", "/") / "__init__.py").is_file()}
+    split = [f"{m} (layer {layer_of(m)}) in {p} (layer {layer_of(p)})" for m in graph() for p in packages
+             if m.startswith(p + ".") and layer_of(p) is not None and layer_of(m) != layer_of(p)]
+    assert split == []

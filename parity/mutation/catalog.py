@@ -3,7 +3,7 @@
 Generic mutation tools flip operators and constants; the bugs that matter in a tensor-parallel
 head are "this all-reduce is missing", "this shard offset is wrong", "this denominator is local".
 Each mutant here is one such bug, written as a small runtime patch of DeepSpeed 0.19.8 (or of the
-suite's own references), and ``ci/mutation_check.py`` checks that the suite fails with it.
+suite's own references), and ``ci/mutation_check.py`` (parity/mutants.py) checks that the suite fails with it.
 
 Where a mutant is applied matters:
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from parity.mutation import catalog as mutants
 from parity.matrix.cases import Case
 from parity.checks.compare import Check
-from parity.mutation.check import CRASHED, FAST_MUTANTS, KILLED, SURVIVED, _case_outcome
+from parity.mutants import CRASHED, FAST_MUTANTS, KILLED, SURVIVED, _case_outcome
 from parity.harness.rank_pool import RankError
 from parity.checks.verdict import FAILED, PASSED, Verdict
 
@@ -46,7 +46,7 @@ def test_a_crash_is_not_a_kill():
 
 def test_a_documented_divergence_is_a_survival_and_a_green_baseline():
     from parity.checks.verdict import DIVERGED, XPASSED
-    from parity.mutation.check import AS_DOCUMENTED
+    from parity.mutants import AS_DOCUMENTED
 
     for status in (DIVERGED, XPASSED):
         assert _case_outcome(Verdict(_case(), status, checks=[Check("contract[grad]", False)]))["outcome"] == SURVIVED
@@ -61,14 +61,14 @@ def test_catalog_is_complete():
         assert m.description and m.replaces and m.observable and m.families
         assert set(m.families) <= set(mutants.families()) and m.where in ("rank", "parent")
         # A mutant's own killing cases are cases of its families' selections (the check runs only those).
-        from parity.mutation.check import SELECTION
+        from parity.mutants import SELECTION
 
         assert set(m.cases) <= {i for f in m.families for i in SELECTION[f]}, m.name
 
 
 def test_a_family_that_cannot_run_here_is_left_out_and_named(monkeypatch, capsys):
     # megatron_column_gathered is CUDA only: without CUDA its family is not judged, and says so.
-    from parity.mutation.check import select_cases
+    from parity.mutants import select_cases
     from parity.observe.capabilities import ASSUME_MISSING_VAR
 
     monkeypatch.setenv(ASSUME_MISSING_VAR, "cuda")
@@ -77,7 +77,7 @@ def test_a_family_that_cannot_run_here_is_left_out_and_named(monkeypatch, capsys
     assert f"family {mutants.M_COLUMN!r} is not judged here" in capsys.readouterr().out
 def test_red_baseline_has_its_own_exit_status(monkeypatch, tmp_path, capsys):
     # A broken suite or machine must not read as "a mutant survived" (1) or "bad input" (2).
-    from parity.mutation import check
+    import parity.mutants as check
 
     red = [{"verdict": FAILED, "case": "column_gathered-x", "seconds": 0.1, "first_failure": "loss: 1 > 0.1"}]
     monkeypatch.setattr(check, "run_cases", lambda *a, **k: red)
