@@ -74,13 +74,32 @@ def planned(arch: str) -> dict:
     model = zoo.build(arch)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     plan = hf_plan(model)
+    traits = zoo.traits(model)
     linears = {name: plan_style(plan, name) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and m is not head}
     return {"head": zoo._module_path(model, head), "embedding": zoo._module_path(model, emb),
             "tied": head is not None and head.weight is emb.weight, "plan": plan,
             "head_bias": getattr(head, "bias", None) is not None,
+            # The logits are a function of the head's product (softcap, logit scale), not the product itself.
+            "logits_from_head": not (traits["softcap"] or traits["logit_scale"] not in (None, 1)
+                                     or traits["logits_scaling"] not in (None, 1)),
+            # DeepSpeed's documented rule for a vocabulary-parallel embedding (layers.py:1110-1120
+            # VocabParallelEmbedding.validate_embedding): nn.Embedding's own forward, or Gemma3's scaled one.
+            "embedding_shardable": (type(emb).forward is torch.nn.Embedding.forward
+                                    or type(emb).__name__ == "Gemma3TextScaledWordEmbedding"),
             "linears": {n: s for n, s in linears.items() if s is not None},
             "vocab": zoo._text(model.config).vocab_size}
+
+
+def freeze_other_towers(model) -> None:
+    """A wrapper's towers that text-only batches never reach (vision, audio) are frozen, as a user fine-tuning the
+    text side freezes them: they get no gradient, and an optimizer step would have nothing to apply."""
+    if zoo._text(model.config) is model.config:
+        return
+    trained = {id(p) for m in (model.get_decoder(), model.get_output_embeddings()) for p in m.parameters()}
+    for p in model.parameters():
+        if id(p) not in trained:
+            p.requires_grad_(False)
 
 
 def layer_claims(linears: dict) -> tuple[dict, dict]:
@@ -101,19 +120,25 @@ def layer_claims(linears: dict) -> tuple[dict, dict]:
 
 
 def model_inputs(model, batch: dict) -> dict:
-    """The forward's keyword arguments for one micro-batch: the ids with the wrapper's own special ids (image,
-    audio, ...) replaced by an ordinary one (a media token without its pixels is an error in a VLM), zero
-    token_type_ids where the forward takes them (as references.zoo.forward_backward), and the labels."""
-    ids = batch["input_ids"]
-    text = zoo._text(model.config)
-    media = sorted(zoo.special_ids(model.config) - zoo.special_ids(text)) if text is not model.config else []
-    if media:
-        ordinary = min(set(range(text.vocab_size)) - zoo.special_ids(model.config))
-        ids = torch.where(torch.isin(ids, torch.tensor(media, device=ids.device)), ordinary, ids)
-    kwargs = {"input_ids": ids, "labels": batch["labels"]}
+    """The forward's keyword arguments for one micro-batch: the ids, zero token_type_ids where the forward takes them
+    (as references.zoo.forward_backward), and the labels."""
+    kwargs = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
     if "token_type_ids" in inspect.signature(model.forward).parameters:
-        kwargs["token_type_ids"] = torch.zeros_like(ids)
+        kwargs["token_type_ids"] = torch.zeros_like(batch["input_ids"])
     return kwargs
+
+
+def move_media_ids(model) -> None:
+    """A wrapper's own token ids (image, audio, ...) moved past the text vocabulary: the suite's batches draw ids
+    from all of it, and a media token without its pixels is an error in a VLM; the batches stay the suite's."""
+    text = zoo._text(model.config)
+    if text is model.config:
+        return
+    media = zoo.special_ids(model.config) - zoo.special_ids(text)
+    keys = [k for k, v in model.config.to_dict().items()
+            if not isinstance(v, dict) and zoo._is_id_key(k) and v in media]
+    for i, key in enumerate(sorted(keys)):
+        setattr(model.config, key, text.vocab_size + 1000 + i)
 
 
 class ZooHead(EngineHead):
@@ -137,6 +162,8 @@ class ZooHead(EngineHead):
         vocab = zoo._text(model.config).vocab_size
         if vocab != values["vocab"]:  # the batches draw ids from values["vocab"]
             raise ValueError(f"{values['arch']}: the tiny config's vocabulary is {vocab}, the case's {values['vocab']}")
+        move_media_ids(model)
+        freeze_other_towers(model)
         return model
 
     def tensor_parallel_config(self, values):
@@ -187,10 +214,12 @@ class ZooHead(EngineHead):
 
     # -- what DeepSpeed must build ------------------------------------------------------------------
     def vocab_parallel(self, values) -> bool:
-        """The engine's auto path (engine.py _apply_autotp_partitioning): vocab_parallel_lm_head unset, a plan with
-        an embedding_rowwise entry and a head tied to an embedding -> vocabulary-parallel head and embedding."""
+        """The engine's auto path (engine.py:1113-1125, vocab_parallel_lm_head unset): a plan with an
+        embedding_rowwise entry and a head tied to an embedding -> vocabulary-parallel head and embedding, unless
+        the embedding is one DeepSpeed cannot shard (then both stay replicated, engine.py:1163-1177)."""
         info = self.info(values)
-        return info["tied"] and "embedding_rowwise" in {s.lower() for s in info["plan"].values()}
+        return (info["tied"] and info["embedding_shardable"]
+                and "embedding_rowwise" in {s.lower() for s in info["plan"].values()})
 
     def claims(self, values):
         info = self.info(values)
@@ -204,7 +233,7 @@ class ZooHead(EngineHead):
             else:
                 shards.update({f"{head}.weight": 0, f"{head}.bias": 0, f"{emb}.weight": None})
             return Claims(module_types=types, param_shards=shards, micro_records=VOCAB_PARALLEL_MICRO,
-                          loss_backend="torch",
+                          loss_backend="torch", logits_from_head=info["logits_from_head"],
                           shared_params=((f"{head}.weight", f"{emb}.weight"),) if info["tied"] else ())
         style = plan_style(info["plan"], head)
         if style in ("colwise_gather_output", "colwise_rep") and not info["tied"]:
@@ -214,7 +243,7 @@ class ZooHead(EngineHead):
             # (docs/subjects.md#hf-tp_plan-heads); a head the plan does not name stays a replicated nn.Linear.
             types[head], shards[f"{head}.weight"] = "Linear", None
         shards[f"{emb}.weight"] = None
-        return Claims(module_types=types, param_shards=shards,
+        return Claims(module_types=types, param_shards=shards, logits_from_head=info["logits_from_head"],
                       shared_params=((f"{head}.weight", f"{emb}.weight"),) if info["tied"] else ())
 
 
