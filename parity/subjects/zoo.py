@@ -249,6 +249,7 @@ class ZooHead(EngineHead):
 
 class ZooHFPlan(ZooHead):
     name = "zoo_hf_plan"
+    feature = None  # the head is gathered column, replicated or vocab-parallel by architecture: no one row
     description = ("A transformers architecture built tiny from its config class (arch), DeepSpeed AutoTP from the "
                    "model's own HF tp_plan (no partition_config), its own forward and loss_function; claims from "
                    "the plan.")
@@ -256,6 +257,7 @@ class ZooHFPlan(ZooHead):
 
 class ZooVocabParallel(ZooHead):
     name = "zoo_vocab_parallel"
+    feature = "vocab-parallel head + CE"
     description = ("zoo_hf_plan with tensor_parallel.vocab_parallel_lm_head true: the head VocabParallelLinear (and a "
                    "tied embedding VocabParallelEmbedding), DeepSpeed's VocabParallelCausalLMLoss as the model's "
                    "loss_function.")
