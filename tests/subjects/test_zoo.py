@@ -23,7 +23,7 @@ RUN = ("zoo_hf_plan-arch_llama-v125-fp32-zero0-tp2-cpu", "zoo_hf_plan-arch_mixtr
 
 
 def parity(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "parity.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           **kwargs)
 
 
