@@ -20,7 +20,6 @@ import torch
 from parity.observe.dtypes import DTYPES
 from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import EngineHead
-from parity.subjects.driver import attribute
 from parity.subjects.hf_tp_plan import effective_hf_plan
 from references import zoo
 from references.tiny_lm import ModelSpec
