@@ -157,7 +157,9 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
         autocast = None
     model = (build_model(model_spec, train.seed, case_dtype) if build is None else build(case_dtype)).to(dtype)
     low_precision = dtype in (torch.bfloat16, torch.float16)
-    params = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
+    named = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
+    # What SGD trains: a frozen parameter (a VLM's vision tower) gets no gradient; its weight is still recorded.
+    params = {name: p for name, p in named.items() if p.requires_grad}
     masters = low_precision and train.master
     optimizer = SGD(params, train.lr, torch.float32 if masters else None)
     # The step gradient as the optimizer receives it: float32 beside a float32 master (or in fp32), the parameter's
@@ -167,7 +169,7 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
     traj = Trajectory()
     if autocast is not None:
         traj.floor_dtypes.update(dict.fromkeys(AUTOCAST_FLOOR_KINDS, autocast))
-    for name, p in params.items():
+    for name, p in named.items():
         traj.put("weight", -1, None, None, name, p)
 
     captured = {}
@@ -225,9 +227,9 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
             step_grads = clip_by_global_norm(step_grads, train.clip, traj, step)
         if not found_inf:  # GradScaler.step: no update on a step with an inf or nan gradient
             optimizer.step(step_grads)
-        for name, p in params.items():
+        for name, p in named.items():
             traj.put("weight", step, None, None, name, p)
-            if optimizer.master is not None:  # low precision: the float32 copy the next update starts from
+            if optimizer.master is not None and name in params:  # low precision: the float32 copy the next update uses
                 traj.put("master_weight", step, None, None, name, optimizer.master[name])
     return traj
 

@@ -425,7 +425,8 @@ class Comparison:
         from references.trajectory import step_num_items
 
         spec = self.subject.model_spec(self.values)
-        weight_name = self.head_weight_name() if "head_input_grad" in self.claims.micro_records else None
+        weight_name = (self.head_weight_name() if "head_input_grad" in self.claims.micro_records
+                       and self.claims.logits_from_head else None)
         where, logits, labels, weights, num_items = [], [], [], [], []
         for step in range(self.train.steps):
             for dp in sorted({o.dp_rank for o in self.obs.values()}):

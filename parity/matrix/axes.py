@@ -55,6 +55,36 @@ REJECTIONS = (
 )
 
 
+# Every causal-LM model_type of the installed transformers (5.24.0): references.zoo.architectures(), written out
+# because importing transformers would cost `parity list` seconds (tests/subjects/test_zoo.py holds the two equal).
+ARCHITECTURES = (
+    'afmoe', 'apertus', 'apertus1p5_text', 'arcee', 'aria_text', 'axk1', 'axk2', 'bailing_hybrid', 'bamba',
+    'bart', 'beam', 'bert', 'bert-generation', 'big_bird', 'bigbird_pegasus', 'biogpt', 'bitnet', 'blenderbot',
+    'blenderbot-small', 'bloom', 'blt', 'camembert', 'codegen', 'cohere', 'cohere2', 'cohere2_moe',
+    'cohere_compass_text', 'cpmant', 'ctrl', 'cwm', 'data2vec-text', 'dbrx', 'deepseek_v2', 'deepseek_v3',
+    'deepseek_v32', 'deepseek_v4', 'diffllama', 'doge', 'dory', 'dots1', 'dots3_note', 'dots3_note_text',
+    'electra', 'emu3', 'ernie', 'ernie4_5', 'ernie4_5_moe', 'exaone', 'exaone4', 'exaone_moe', 'falcon',
+    'falcon_h1', 'falcon_mamba', 'flex_olmo', 'flint', 'fuyu', 'gemma', 'gemma2', 'gemma3', 'gemma3_text',
+    'gemma3n', 'gemma3n_text', 'gemma4', 'gemma4_assistant', 'gemma4_text', 'gemma4_unified',
+    'gemma4_unified_assistant', 'gemma4_unified_text', 'git', 'glm', 'glm4', 'glm4_moe', 'glm4_moe_lite',
+    'glm_moe_dsa', 'got_ocr2', 'gpt-sw3', 'gpt2', 'gpt_bigcode', 'gpt_neo', 'gpt_neox', 'gpt_neox_japanese',
+    'gpt_oss', 'gptj', 'granite', 'granite_swa', 'granitemoe', 'granitemoe_swa', 'granitemoehybrid',
+    'granitemoeshared', 'helium', 'hrm_text', 'hunyuan_v1_dense', 'hunyuan_v1_moe', 'hy_v3', 'hy_v4',
+    'hyperclovax', 'inkling2_loop_text', 'inkling2_text', 'inkling_text', 'internlm3', 'iquestcoder', 'jais2',
+    'jamba', 'jetmoe', 'kimi_linear', 'kolibri1', 'laguna', 'lara_mini', 'lfm2', 'lfm2_moe', 'lfm3', 'llama',
+    'llama4', 'llama4_text', 'longcat_flash', 'mamba', 'mamba2', 'marian', 'mbart', 'megatron-bert', 'mellum',
+    'mimo_v2_flash', 'minicpm3', 'minimax', 'minimax_m2', 'minimax_m3_vl_text', 'ministral', 'ministral3',
+    'mistral', 'mixtral', 'mllama', 'modernbert-decoder', 'moshi', 'moss_transcribe_diarize', 'mpt', 'musicgen',
+    'musicgen_melody', 'mvp', 'nanochat', 'nemotron', 'nemotron_h', 'olmo', 'olmo2', 'olmo3', 'olmo_hybrid',
+    'olmoe', 'openai-gpt', 'opt', 'pegasus', 'persimmon', 'phi', 'phi3', 'phi4_multimodal', 'phimoe', 'plbart',
+    'prophetnet', 'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text',
+    'qwen3_moe', 'qwen3_next', 'qwen4_exp', 'qwen4_exp_text', 'recurrent_gemma', 'reformer', 'rembert', 'roberta',
+    'roberta-prelayernorm', 'roc_bert', 'roformer', 'rwkv', 'sarvam_mla', 'sarvam_moe', 'seed_oss', 'smollm3',
+    'solar_open', 'stablelm', 'starcoder2', 'trocr', 'vaultgemma', 'whisper', 'xglm', 'xlm', 'xlm-roberta',
+    'xlm-roberta-xl', 'xlnet', 'xlstm', 'xmod', 'youtu', 'zamba', 'zamba2', 'zaya',
+)
+
+
 def _flag(true_label, false_label):
     return lambda v: true_label if v else false_label
 
@@ -303,4 +333,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "(minus100, with another ignore_index) to -100, HF's usual ignore id, which is then an ordinary, "
               "out-of-range target: torch's F.cross_entropy(ignore_index=k) raises for it",
          quiet_default=True),
+    Axis("arch", ARCHITECTURES, "llama", lambda v: f"arch_{v}",
+         help="zoo subjects: the transformers model_type built tiny from its own config class (references/zoo.py, "
+              "docs/zoo-census.md), trained with its own forward and loss"),
 ]}

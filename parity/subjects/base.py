@@ -62,6 +62,10 @@ class Claims:
     # that computation's own roundings, many independent ones, nothing inherited from earlier steps, so
     # its checks are judged as stage-local ones (parity.checks.tolerances.rms_bound, ``inherits`` False).
     stage_local: bool = False
+    # False: the recorded logits are not the head's product but a function of it (a logit scale, a softcap), so
+    # the stages that recompute them from the head's weight and input (logits[stage], the head's gradient and
+    # input gradient from the logits' gradient) do not apply; loss[stage] from the recorded logits still does.
+    logits_from_head: bool = True
 
 
 @dataclass
