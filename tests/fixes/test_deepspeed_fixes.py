@@ -1,0 +1,33 @@
+"""Fixes the suite proves (fixes/deepspeed/): each patch, applied to a copy of the installed DeepSpeed put first on
+PYTHONPATH, makes its finding's reproducers exit 0 and reads that finding fixed on every case marked with it, and
+moves no other verdict of a fixed regression selection; the wrong fix kept beside them is rejected."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXES = sorted((ROOT / "fixes" / "deepspeed").glob("*.patch"))
+WRONG = sorted((ROOT / "fixes" / "deepspeed" / "wrong").glob("*.patch"))
+
+
+def test_every_fix_names_its_finding_and_the_version_it_patches():
+    assert len(FIXES) >= 5 and WRONG
+    for patch in FIXES + WRONG:
+        head = patch.read_text().splitlines()[:3]
+        assert head[0].startswith("Finding: ") and head[1].startswith("Fix") and head[2] == "DeepSpeed: 0.19.8", patch
+
+
+@pytest.mark.slow
+def test_the_right_fixes_are_accepted_and_the_wrong_one_rejected(tmp_path):
+    out = tmp_path / "outcomes.json"
+    done = subprocess.run([sys.executable, "ci/try_fix.py", *map(str, FIXES), "--rejected", *map(str, WRONG),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    outcomes = json.loads(out.read_text())
+    assert [o["accepted"] for o in outcomes.values()] == [True] * len(FIXES) + [False] * len(WRONG), outcomes
+    # The wrong fix fixes its reproducer's numbers and breaks a configuration the reproducer never uses.
+    wrong = outcomes[str(WRONG[0])]["problems"]
+    assert wrong and not any(p.startswith("ci/repro/") for p in wrong), wrong
