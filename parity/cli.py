@@ -1,4 +1,5 @@
-"""parity list | run | explore | diff | mutants | bench | scale | sensitivity: the command-line face of the suite.
+"""parity list | run | explore | diff | findings | mutants | bench | scale | sensitivity: the command-line face of
+the suite.
 
 Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
 (or a diff got worse, a mutant survived, explore found a failure); 2 bad input, named in one line on
@@ -343,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "the case files; a failure is shrunk and printed as a ready case-file entry"))
     add_diff_arguments(sub.add_parser("diff", help="compare two report directories; exits 1 if a verdict got worse",
                                       description="compare two report directories; exits 1 if a verdict got worse"))
+    from parity.report.findings import add_arguments as add_findings_arguments
+
+    findings_help = "print the root causes (findings/*.toml) with their reproducers, marks and cases"
+    add_findings_arguments(sub.add_parser("findings", help=findings_help, description=findings_help))
     mutants = sub.add_parser("mutants", help="mutation check: planted bugs the suite must catch",
                              description=mutation_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mutation_check.add_arguments(mutants)
@@ -365,6 +370,10 @@ def dispatch(args) -> int:
         from parity.report.diff import cmd_diff
 
         return cmd_diff(args)
+    if args.command == "findings":
+        from parity.report.findings import cmd_findings
+
+        return cmd_findings(args)
     if args.command == "bench":
         from parity.bench import cmd_bench
 

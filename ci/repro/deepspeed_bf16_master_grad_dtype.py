@@ -12,6 +12,8 @@ The values agree (the upcast is exact); only the dtype differs.
 Run (CPU, one process on a single-rank gloo group, about 10 s):
 python ci/repro/deepspeed_bf16_master_grad_dtype.py
 Exit status 1 while safe_get_full_grad's dtype is not the optimizer's gradient dtype, 0 once it is.
+
+Finding: findings/deepspeed_safe_get_full_grad_dtype.toml
 """
 import importlib
 import os

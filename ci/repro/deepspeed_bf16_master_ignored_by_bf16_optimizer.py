@@ -13,6 +13,8 @@ accumulation, bf16 gradients); DeepSpeed neither refuses it nor tells which half
 Run (CPU, one process on a single-rank gloo group, about 10 s):
 python ci/repro/deepspeed_bf16_master_ignored_by_bf16_optimizer.py
 Exit status 1 while ZeRO 1 accepts the switch and keeps float32 masters, 0 once it refuses or honours it.
+
+Finding: findings/deepspeed_bf16_master_ignored_by_bf16_optimizer.toml
 """
 import importlib
 import os

@@ -19,6 +19,8 @@ Run (CPU, about 20 s):
   python ci/repro/deepspeed_bf16_optimizer_empty_row_shard.py --zero 2 # ZeRO 2, no BF16_Optimizer: a step on both
   python ci/repro/deepspeed_bf16_optimizer_empty_row_shard.py --column # the gathered column head: TP rank 3
 Exit status 1 while a rank raises, 0 once every rank takes its step.
+
+Finding: findings/deepspeed_autotp_empty_shard_crashes.toml
 """
 import importlib
 import os

@@ -16,6 +16,8 @@ or a refusal before any module is replaced.
 
 Run (CPU, 2 processes over gloo, about 15 s):  python ci/repro/deepspeed_block_vocab_head_changed_during_partitioning.py
 Exit status 1 while vocab_parallel_lm_head: true raises, 0 once it trains.
+
+Finding: findings/deepspeed_block_vocab_head_changed_during_partitioning.toml
 """
 import importlib
 import os

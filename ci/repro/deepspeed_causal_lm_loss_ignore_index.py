@@ -11,6 +11,8 @@ pads are counted as targets: a different loss and different gradients, with no w
 Run (CPU, one process on a single-rank gloo group, a few seconds):
 python ci/repro/deepspeed_causal_lm_loss_ignore_index.py
 Exit status 1 while the keyword is ignored, 0 once the loss honours it (or rejects it).
+
+Finding: findings/deepspeed_causal_lm_loss_ignore_index.toml
 """
 import importlib
 import os

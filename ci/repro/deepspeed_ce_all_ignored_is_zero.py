@@ -14,6 +14,8 @@ detects empty batches by a nan loss, or averages logged losses, sees different n
 Run (CPU, one process on a single-rank gloo group, a few seconds):
 python ci/repro/deepspeed_ce_all_ignored_is_zero.py
 Exit status 1 while DeepSpeed returns a number where torch returns nan, 0 once they agree.
+
+Finding: findings/deepspeed_ce_all_ignored_is_zero.toml
 """
 import importlib
 import math

@@ -17,6 +17,8 @@ only for colwise_rep / colwise_gather_output). Both routes are run here.
 Run (CPU, about 15 s):  python ci/repro/deepspeed_column_head_without_gather.py
 Exit status 1 while the engine returns logits narrower than the vocabulary, 0 once it refuses the spec
 or returns full logits.
+
+Finding: findings/deepspeed_column_head_without_gather.toml
 """
 import copy
 import importlib

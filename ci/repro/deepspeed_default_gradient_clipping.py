@@ -11,6 +11,8 @@ README "Known divergences").
 Run (CPU, one process, about 10 s):
   python ci/repro/deepspeed_default_gradient_clipping.py
 Exit status 1 while the config without the key clips, 0 once it trains as plain torch does.
+
+Finding: findings/deepspeed_default_gradient_clipping.toml
 """
 import importlib
 import os

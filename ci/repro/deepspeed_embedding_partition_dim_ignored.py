@@ -12,6 +12,8 @@ Plain PyTorch computes the loss.
 
 Run (CPU, 2 processes over gloo, about 20 s):  python ci/repro/deepspeed_embedding_partition_dim_ignored.py
 Exit status 1 while embedding_partition_dim 0 gives the hidden slice, 0 once it does not.
+
+Finding: findings/deepspeed_embedding_partition_dim_ignored.toml
 """
 import importlib
 import os

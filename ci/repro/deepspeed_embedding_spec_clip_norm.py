@@ -11,6 +11,8 @@ No error or warning; fp32 as well as bf16, every ZeRO stage (found by parity exp
 
 Run (CPU, about 30 s):  python ci/repro/deepspeed_embedding_spec_clip_norm.py
 Exit status 1 when the engine's norm differs from the true norm (the bug), 0 when they agree.
+
+Finding: findings/deepspeed_embedding_spec_bare_rebuild.toml
 """
 import importlib
 import os

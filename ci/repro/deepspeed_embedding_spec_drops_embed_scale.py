@@ -12,6 +12,8 @@ VocabParallelEmbedding and HiddenParallelEmbedding, accept this class by name an
 
 Run (CPU, 2 ranks, about 20 s):  python ci/repro/deepspeed_embedding_spec_drops_embed_scale.py
 Exit status 1 while the loss differs from plain PyTorch's, 0 once it matches (or the spec is refused).
+
+Finding: findings/deepspeed_embedding_spec_bare_rebuild.toml
 """
 import copy
 import importlib

@@ -13,6 +13,8 @@ embedding as a bare `nn.Embedding(V, H/P)`, and nothing says the options are gon
 
 Run (CPU, about 20 s):  python ci/repro/deepspeed_embedding_spec_drops_grad_options.py
 Exit status 1 while either option is dropped (or its numbers differ), 0 once both match PyTorch (or the spec is refused).
+
+Finding: findings/deepspeed_embedding_spec_bare_rebuild.toml
 """
 import copy
 import importlib

@@ -10,6 +10,8 @@ makes the clipping norm count the slice on TP rank 0 only; not measured here.)
 
 Run (CPU, about 15 s):  python ci/repro/deepspeed_embedding_spec_padding_idx.py
 Exit status 1 while the padding row gets a gradient, 0 once it stays zero (or the spec is refused).
+
+Finding: findings/deepspeed_embedding_spec_bare_rebuild.toml
 """
 import copy
 import importlib

@@ -16,6 +16,8 @@ overflows iff its scale is at least 2**19, as on the suite's tiny model, cases/d
 No fp16 arithmetic runs (CPU, one process on a single-rank gloo group, a few seconds):
 python ci/repro/deepspeed_fp16_loss_scale_schedule.py
 Exit status 1 while DeepSpeed's window grows a step later than GradScaler's, 0 once they agree.
+
+Finding: findings/deepspeed_fp16_loss_scale_schedule.toml
 """
 import importlib
 import os

@@ -13,6 +13,8 @@ Run (CPU with oneDNN fp16, i.e. AVX-512 FP16 / AMX-FP16; one process on a single
 python ci/repro/deepspeed_fp16_zero0_loss_not_scaled.py
 Exit status 1 while ZeRO 0's update is off by the loss scale, 0 once it matches plain SGD; 2 where this CPU has
 no oneDNN fp16 (DeepSpeed's CPU accelerator then refuses fp16).
+
+Finding: findings/deepspeed_fp16_zero0_loss_not_scaled.toml
 """
 import importlib
 import os

@@ -16,6 +16,8 @@ The forward is right: the gathered loss equals torch's per-token loss.
 
 Run (CPU, 4 gloo ranks = TP 2 x SP 2, ~20 s): python ci/repro/deepspeed_gather_sequence_loss_grad_sp_times.py
 Exit status 1 while the gathered loss's gradient is not the true one.
+
+Finding: findings/deepspeed_gather_sequence_loss_grad_sp_times.toml
 """
 import importlib
 import os

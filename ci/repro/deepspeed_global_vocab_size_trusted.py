@@ -23,6 +23,8 @@ calls need no patch.
 Run (CPU, 2 ranks, about 20 s):  python ci/repro/deepspeed_global_vocab_size_trusted.py
 Exit status 1 while a wrong global_vocab_size gives a wrong loss or accepts an out-of-range target, 0 once
 DeepSpeed refuses the wrong value (or computes the right numbers anyway).
+
+Finding: findings/deepspeed_global_vocab_size_trusted.toml
 """
 import importlib
 import os

@@ -12,6 +12,8 @@ the flag) gives the true gradient. No error or warning: the engine only logs tha
 
 Run (CPU, 2 processes over gloo, about 20 s):  python ci/repro/deepspeed_grad_allreduce_replicated_grad.py
 Exit status 1 while proj's gradient with grad_allreduce differs from the one without it, 0 once they agree.
+
+Finding: findings/deepspeed_grad_allreduce_replicated_grad.toml
 """
 import importlib
 import os

@@ -12,6 +12,8 @@ The same call in a fresh process fails instead: ranks 2-3 are outside new_group(
 
 Run (CPU, 4 processes twice, about 3 minutes: the fresh run waits for its lost peers):  python ci/repro/deepspeed_inference_cached_tp_group.py
 Exit status 1 while the second engine is sharded over the first one's group, 0 once it uses tp_size's (or refuses).
+
+Finding: findings/deepspeed_inference_tp_group.toml
 """
 import copy
 import importlib

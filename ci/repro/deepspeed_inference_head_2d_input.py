@@ -12,6 +12,8 @@ converted. The sliced form (`input[..., offset:offset + size]`) would take both.
 Run (CPU, 2 ranks, about 15 s):  python ci/repro/deepspeed_inference_head_2d_input.py
 Exit status 1 while the sharded head refuses the 2-D input that plain torch takes, 0 once it gives
 plain torch's logits.
+
+Finding: findings/deepspeed_inference_head_2d_input.toml
 """
 import copy
 import importlib

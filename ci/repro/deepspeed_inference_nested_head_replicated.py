@@ -16,6 +16,8 @@ a `ModuleList` of blocks, so `AutoTP.tp_parser` accepts them.
 Run (CPU, about 20 s):  python ci/repro/deepspeed_inference_nested_head_replicated.py
 Exit status 1 while the nested head stays an unsharded nn.Linear, 0 once it is sharded like the
 top-level one (or init_inference refuses the model).
+
+Finding: findings/deepspeed_inference_nested_head_replicated.toml
 """
 import copy
 import importlib

@@ -13,6 +13,8 @@ plain PyTorch) or a clear error on every rank before the model is touched.
 Run (CPU, 4 processes, ~30 s):  python ci/repro/deepspeed_inference_tp_size_below_world.py
 Exit status 1 while a rank fails with the AutoTP assertion (or any rank lacks a working tp-2 head), 0 once every rank
 runs a tp-2 copy with PyTorch's logits, or every rank refuses the call with an error that is not that assertion.
+
+Finding: findings/deepspeed_inference_tp_group.toml
 """
 import copy
 import datetime

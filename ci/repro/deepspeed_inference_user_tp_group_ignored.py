@@ -19,6 +19,8 @@ Run (CPU, 4 processes over gloo, each route launched on its own; 3-5 min, the hu
 python ci/repro/deepspeed_inference_user_tp_group_ignored.py
 Exit status 1 while a rank's head is not sharded over the user's group ([34, 16] over {0,2} or {1,3}) with the
 unsharded model's logits.
+
+Finding: findings/deepspeed_inference_tp_group.toml
 """
 import copy
 import importlib

@@ -13,6 +13,8 @@ DeepSpeed's number differs from plain torch's, by design, and is the true KL: an
 Run (CPU, 2 ranks, about 15 s):  python ci/repro/deepspeed_kl_div_masked_ids_finite.py
 Exit status 1 while DeepSpeed's KL or gradients at a masked row differ from F.kl_div's (a number against nan), 0
 once they agree; it prints whether DeepSpeed's numbers are the support KL's.
+
+Finding: findings/deepspeed_kl_div_masked_ids_finite.toml
 """
 import importlib
 import os

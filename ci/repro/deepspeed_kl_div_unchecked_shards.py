@@ -15,6 +15,8 @@ F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), log_target=True, reduction=
 
 Run (CPU, 2 gloo ranks, ~15 s): python ci/repro/deepspeed_kl_div_unchecked_shards.py
 Exit status 1 while the misaligned teacher is accepted with a wrong KL, 0 once every rank raises.
+
+Finding: findings/deepspeed_kl_div_unchecked_shards.toml
 """
 import importlib
 import os

@@ -19,6 +19,8 @@ unbalances the ranks, and it turns DeepSpeed's Liger CE off (its gate needs equa
 
 Run (CPU, 2 processes over gloo, about 25 s):  python ci/repro/deepspeed_kv_head_rule_on_lm_head.py
 Exit status 1 while a nested or lm_head_patterns head is split otherwise than the top-level lm_head.
+
+Finding: findings/deepspeed_kv_head_rule_on_lm_head.toml
 """
 import importlib
 import os

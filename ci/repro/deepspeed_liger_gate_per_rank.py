@@ -15,6 +15,8 @@ Triton's interpreter (TRITON_INTERPRET=1). On a GPU the same call needs no patch
 Run (CPU, about 15 s):  python ci/repro/deepspeed_liger_gate_per_rank.py
 Exit status 1 while the ranks decide differently or the loss is wrong, 0 once every rank agrees and
 the loss matches F.cross_entropy.
+
+Finding: findings/deepspeed_liger_gate_per_rank.toml
 """
 import importlib
 import os

@@ -18,6 +18,8 @@ Run (CPU, about 6 s):
   python ci/repro/deepspeed_overlap_comm_empty_head_shard.py               # tp_overlap_comm: RuntimeError on TP rank 1
   python ci/repro/deepspeed_overlap_comm_empty_head_shard.py --no-overlap  # the plain column path: plain torch's loss
 Exit status 1 while a rank fails or the loss differs from plain torch's, 0 otherwise.
+
+Finding: findings/deepspeed_autotp_empty_shard_crashes.toml
 """
 import importlib
 import os

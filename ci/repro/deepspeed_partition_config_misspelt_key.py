@@ -14,6 +14,8 @@ default. A misspelt key is therefore dropped, and the layer spec falls back to t
 Run (CPU, about 20 s):
   python ci/repro/deepspeed_partition_config_misspelt_key.py
 Exit status 1 while a misspelt key is accepted, 0 once it is refused.
+
+Finding: findings/deepspeed_partition_config_misspelt_key.toml
 """
 import importlib
 import os

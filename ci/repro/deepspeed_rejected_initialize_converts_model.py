@@ -25,6 +25,8 @@ Plain PyTorch/HF: a constructor that raises leaves its argument as it was.
 Run (CPU, 2 processes over gloo, about 60 s):
 python ci/repro/deepspeed_rejected_initialize_converts_model.py
 Exit status 1 while a refused initialize modifies the model, 0 once the model is left untouched.
+
+Finding: findings/deepspeed_refused_initialize_leaves_state.toml
 """
 import importlib
 import os

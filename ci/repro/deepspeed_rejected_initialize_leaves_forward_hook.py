@@ -15,6 +15,8 @@ raises leaves its argument as it was.
 Run (CPU, 2 processes over gloo, about 20 s):
 python ci/repro/deepspeed_rejected_initialize_leaves_forward_hook.py
 Exit status 1 while the refused initialize leaves the hook, 0 once the model is left without it.
+
+Finding: findings/deepspeed_refused_initialize_leaves_state.toml
 """
 import os
 import sys

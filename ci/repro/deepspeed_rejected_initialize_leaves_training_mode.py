@@ -12,6 +12,8 @@ finding is the refusal: the call did nothing the user can use, yet changed proce
 Run (CPU, 2 processes over gloo, about 20 s; `tp.tp_size` != `autotp_size` is refused with a ValueError):
 python ci/repro/deepspeed_rejected_initialize_leaves_training_mode.py
 Exit status 1 while the refused initialize leaves training mode on, 0 once it is left as it was.
+
+Finding: findings/deepspeed_refused_initialize_leaves_state.toml
 """
 import importlib
 import os

@@ -13,6 +13,8 @@ re-initializes the head.
 
 Run (CPU, 2 processes over gloo, about 15 s):  python ci/repro/deepspeed_save_16bit_model_tp_shard.py
 Exit status 1 while a saved tensor is not the whole weight (the TP shards concatenated), 0 once they agree.
+
+Finding: findings/deepspeed_save_16bit_model_tp_shard.toml
 """
 import importlib
 import os

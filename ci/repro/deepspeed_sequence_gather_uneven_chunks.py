@@ -12,6 +12,8 @@ A crash, loud; on NCCL not tried.
 
 Run (CPU, 2 ranks, about 15 s):  python ci/repro/deepspeed_sequence_gather_uneven_chunks.py
 Exit status 1 while a rank dies (or the call is accepted) on unequal chunks, 0 once every rank raises an error.
+
+Finding: findings/deepspeed_sequence_gather_uneven_chunks.toml
 """
 import importlib
 import os

@@ -13,6 +13,8 @@ model's logits.
 Run (CPU, about 1 min; the first run also JIT-builds the op, 35-100 s): python ci/repro/deepspeed_shm_all_reduce_without_local_size.py
 Exit status 1 while the run without LOCAL_SIZE dies (or gives wrong logits), 0 once it gives the plain logits
 or refuses with an error.
+
+Finding: findings/deepspeed_shm_all_reduce_without_local_size.toml
 """
 import copy
 import os

@@ -19,6 +19,8 @@ the same model_types spec on the model given ``config.model_type = "llama"``) ge
 Run (CPU, about 30 s):  python ci/repro/deepspeed_spec_matches_nothing.py
 Exit status 1 while a spec that matches nothing leaves the head a replicated nn.Linear silently; 0 once DeepSpeed
 refuses such a spec or warns about it.
+
+Finding: findings/deepspeed_spec_matches_nothing.toml
 """
 import importlib
 import io

@@ -13,6 +13,8 @@ leaves the modules as they were. Plain PyTorch/HF: a constructor that raises lea
 
 Run (CPU, 2 processes over gloo, about 20 s):  python ci/repro/deepspeed_strict_mode_converts_model.py
 Exit status 1 while a strict_mode refusal modifies the model, 0 once the model is left untouched.
+
+Finding: findings/deepspeed_refused_initialize_leaves_state.toml
 """
 import importlib
 import os

@@ -26,6 +26,8 @@ With --dp 2 (4 processes): two data-parallel replicas of each TP rank, fed the s
 one-process gradient): the engine's gradient all-reduce carries an inf to both replicas of a TP rank, so they agree
 with each other, and the TP ranks part as at dp 1; ZeRO 1/2 skip alike on every rank.
 Exit status 1 while a DeepSpeed run skips other steps than plain torch's AMP loop (or its ranks disagree).
+
+Finding: findings/deepspeed_torch_autocast_fp16_grad_scaler.toml
 """
 import argparse
 import importlib

@@ -14,6 +14,8 @@ parameter's dtype), ZeRO 3 also gathers it in float32. No error or warning. Nami
 Run (CPU, 2 processes over gloo, about 15 s):  python ci/repro/deepspeed_torch_autocast_modules_exact_class.py
 Exit status 1 while naming LinearLayer leaves an instance of it (the VocabParallelLinear head) unmarked, 0 once
 the head is marked.
+
+Finding: findings/deepspeed_torch_autocast_modules_exact_class.toml
 """
 import importlib
 import os

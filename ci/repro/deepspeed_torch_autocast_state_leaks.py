@@ -16,6 +16,8 @@ fresh-process run of the same second engine is the reference here (what its conf
 Run (CPU, 4 processes over gloo, about 60 s):  python ci/repro/deepspeed_torch_autocast_state_leaks.py
 Exit status 1 while the second engine's reduction dtype follows the first engine's autocast rather than
 its own config, 0 once it follows its config.
+
+Finding: findings/deepspeed_torch_autocast_state_leaks.toml
 """
 import importlib
 import os

@@ -18,6 +18,8 @@ bf16 is DeepSpeed's documented intent for lower-precision-safe modules (DDP redu
 Run (CPU, 2 processes over gloo, about 30 s):  python ci/repro/deepspeed_torch_autocast_tp_head_fp32.py
 Exit status 1 while the TP head's logits dtype differs from plain torch's under the same autocast, 0
 once they agree.
+
+Finding: findings/deepspeed_torch_autocast_tp_head_fp32.toml
 """
 import importlib
 import os

@@ -9,6 +9,8 @@ float32 config is accepted, the dtype asked for is dropped, and the model trains
 
 Run (CPU, 2 processes over gloo, 30-90 s): python ci/repro/deepspeed_tp_model_init_dtype_unchecked.py
 Exit status 1 while both configs do not raise alike, 0 once the float32 config is refused too (or honours bf16).
+
+Finding: findings/deepspeed_tp_model_init_dtype_unchecked.toml
 """
 import importlib
 import os

@@ -24,6 +24,8 @@ Plain PyTorch keeps a replicated parameter one value on every rank that holds it
 
 Run (CPU, 4, 4, 2 then 6 processes over gloo, about 2 minutes):  python ci/repro/deepspeed_tp_replica_flat_layout.py
 Exit status 1 while the uneven runs' replicas differ (or an even run's do), 0 once they agree.
+
+Finding: findings/deepspeed_tp_replica_drift.toml
 """
 import importlib
 import os

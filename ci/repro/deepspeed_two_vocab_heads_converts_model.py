@@ -15,6 +15,8 @@ Plain PyTorch/HF: a constructor that raises leaves its argument as it was.
 
 Run (CPU, 2 processes over gloo, about 15 s):  python ci/repro/deepspeed_two_vocab_heads_converts_model.py
 Exit status 1 while a partition_config refusal modifies the model, 0 once every refusal leaves it untouched.
+
+Finding: findings/deepspeed_refused_initialize_leaves_state.toml
 """
 import importlib
 import os

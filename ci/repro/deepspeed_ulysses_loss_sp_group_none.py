@@ -18,6 +18,8 @@ Plain PyTorch (what the user means): F.cross_entropy over the whole sequence (me
 
 Run (CPU, 2 gloo ranks, ~30 s): python ci/repro/deepspeed_ulysses_loss_sp_group_none.py
 Exit status 1 while the documented sp_group=None gives a gradient other than torch's.
+
+Finding: findings/deepspeed_ulysses_loss_sp_group_none.toml
 """
 import importlib
 import os

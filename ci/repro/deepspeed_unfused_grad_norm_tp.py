@@ -9,6 +9,8 @@ clip coefficient) is the norm of rank 0's gradients, not of the model's.
 
 Run (CPU, about 20 s):  python ci/repro/deepspeed_unfused_grad_norm_tp.py
 Exit status 1 when the engine's norm differs from the true norm (the bug), 0 when they agree.
+
+Finding: findings/deepspeed_unfused_grad_norm_tp.toml
 """
 import importlib
 import os

@@ -13,6 +13,8 @@ accept it and train.
 
 Run (CPU, 4 processes over gloo, about 75 s):  python ci/repro/deepspeed_universal_empty_shard.py [row|column]
 Exit status 1 while the conversion fails, 0 once it converts.
+
+Finding: findings/deepspeed_autotp_empty_shard_crashes.toml
 """
 import importlib
 import os

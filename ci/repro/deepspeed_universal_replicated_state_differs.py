@@ -16,6 +16,8 @@ The optimizer plays no part in the drift: with SGD the replicas' gradients diffe
 
 Run (CPU, 6 processes over gloo, about 60 s):  python ci/repro/deepspeed_universal_replicated_state_differs.py
 Exit status 1 while the replicas' state differs or the conversion is refused, 0 once both are fine.
+
+Finding: findings/deepspeed_tp_replica_drift.toml
 """
 import importlib
 import os

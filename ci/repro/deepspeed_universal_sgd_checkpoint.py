@@ -10,6 +10,8 @@ at tp 1.
 
 Run (CPU, 2 processes over gloo, about 20 s):  python ci/repro/deepspeed_universal_sgd_checkpoint.py
 Exit status 1 while the conversion fails, 0 once it converts.
+
+Finding: findings/deepspeed_universal_sgd_checkpoint.toml
 """
 import importlib
 import os

@@ -16,6 +16,8 @@ place, the user gets the heuristic's error, which does not name the preset.
 Run (CPU, about 35 s):
   python ci/repro/deepspeed_unknown_preset_model.py             # "mistral" and "llama_gqa" accepted; "llama" as named
 Exit status 1 while an unknown preset_model is accepted, 0 once it is refused.
+
+Finding: findings/deepspeed_unknown_preset_model.toml
 """
 import importlib
 import os

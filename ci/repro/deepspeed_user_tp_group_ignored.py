@@ -17,6 +17,8 @@ three documented ways (deepspeed.tp_model_init's table of inputs, deepspeed/__in
 
 Run (CPU, 4 processes over gloo, about 60 s):  python ci/repro/deepspeed_user_tp_group_ignored.py
 Exit status 1 while some rank crashes in initialize or shards over a group other than the user's.
+
+Finding: findings/deepspeed_user_tp_group_ignored.toml
 """
 import importlib
 import os

@@ -15,6 +15,8 @@ does not do this: its gradient at such a row is nan, as torch's F.cross_entropy.
 
 Run (CPU, 2 ranks, about 15 s):  python ci/repro/deepspeed_vocab_ops_masked_row_zero_grad.py
 Exit status 1 while an op's gradient at an all -inf row differs from torch's (0 against nan), 0 once they agree.
+
+Finding: findings/deepspeed_vocab_ops_masked_row_zero_grad.toml
 """
 import importlib
 import os

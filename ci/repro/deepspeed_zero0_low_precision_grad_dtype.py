@@ -13,6 +13,8 @@ step(), where no user can read it.
 Run (CPU, one process on a single-rank gloo group, about 10 s):
 python ci/repro/deepspeed_zero0_low_precision_grad_dtype.py
 Exit status 1 while ZeRO 0 hands back a non-fp32 gradient, 0 once it returns fp32 as ZeRO 1/2 do.
+
+Finding: findings/deepspeed_safe_get_full_grad_dtype.toml
 """
 import importlib
 import os

@@ -17,6 +17,8 @@ average 2**-0.09 under it.)
 Run (CPU with oneDNN fp16; two processes on a gloo group, about 20 s):
 python ci/repro/deepspeed_zero2_fp16_overflow_dp_average.py
 Exit status 1 while ZeRO 2 applies the step ZeRO 1 skips, 0 once they agree; 2 where this CPU has no oneDNN fp16.
+
+Finding: findings/deepspeed_zero2_fp16_overflow_dp_average.toml
 """
 import importlib
 import os

@@ -34,6 +34,8 @@ ZeRO 3 keeps no grad_position for a zero-element parameter), where ZeRO 1 and 2 
 
 The gathered column head (``--column``: a column spec with gather_output, vocabulary 3 over tp 4) leaves TP rank 3 a
 (0, hidden) weight and bias, which ZeRO 0-2 train; ZeRO 3 asserts on it as on the row shard, bias or not.
+
+Finding: findings/deepspeed_autotp_empty_shard_crashes.toml
 """
 import importlib
 import os

@@ -12,6 +12,8 @@ trainer's evaluation model) gets other numbers than a fresh process would, witho
 
 Run (CPU, 1 process over gloo, about 15 s): python ci/repro/deepspeed_zero3_linear_persists.py
 Exit status 1 while F.linear is still DeepSpeed's after the engine is destroyed, 0 once it is torch's.
+
+Finding: findings/deepspeed_zero3_linear_persists.toml
 """
 import importlib
 import os

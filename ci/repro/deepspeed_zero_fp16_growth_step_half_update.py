@@ -15,6 +15,8 @@ Run (CPU with oneDNN fp16; one process on a single-rank gloo group, about 10 s):
 python ci/repro/deepspeed_zero_fp16_growth_step_half_update.py
 Exit status 1 while a growth step's update is off, 0 once every update is lr times the gradient; 2 where this CPU
 has no oneDNN fp16.
+
+Finding: findings/deepspeed_zero_fp16_growth_step_half_update.toml
 """
 import importlib
 import os

@@ -15,6 +15,8 @@ Without the dtype argument zero.Init takes the config's (float32 here), as trans
 
 Run (CPU, 1 process over gloo, about 15 s): python ci/repro/deepspeed_zero_init_dtype_ignored.py
 Exit status 1 while the parameters are not the dtype asked for, 0 once they are.
+
+Finding: findings/deepspeed_zero_init_dtype_ignored.toml
 """
 import importlib
 import os

@@ -30,6 +30,8 @@ Run (CPU, about 20 s):
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --bf16-optimizer  # BF16_Optimizer: ValueError (torch.cat)
   python ci/repro/deepspeed_zero_optimizer_empty_tp_rank.py --dtype bf16 --zero 0  # TP rank 0 lost in the norm's all-reduce
 Exit status 1 while a rank fails, 0 once every rank takes its step.
+
+Finding: findings/deepspeed_autotp_empty_shard_crashes.toml
 """
 import importlib
 import os

@@ -13,6 +13,8 @@ it saved in forward (and, in fp32, returns that very buffer as grad_input), so t
 reads the first backward's output as if it were exp(logits - max): no error, a wrong gradient.
 The expected gradient is computed with plain torch on the full (gathered) logits.
 Exit status: 1 when the gradients differ (the bug reproduces), 0 when they match.
+
+Finding: findings/liger_double_backward.toml
 """
 import os
 import sys

@@ -16,6 +16,8 @@ python ci/repro/liger_label_smoothing_formula_mode.py
 Prints, per (formula, mode), the largest |loss - F.cross_entropy(label_smoothing=0.1)| on each rank and the
 largest gradient difference. Exit status 1 while any option other than ("pytorch", "global") differs from
 torch, 0 once they all agree (as the torch semantics of label_smoothing would have it).
+
+Finding: findings/liger_label_smoothing_formula_mode.toml
 """
 import os
 import sys

@@ -6,6 +6,8 @@ ValueError("Target is out of range ..."); Liger returns a finite loss for that t
 
 Run (CPU through Triton's interpreter, about 15 s):  python ci/repro/liger_out_of_range_target.py
 Exit status 1 while Liger accepts the target, 0 once it raises.
+
+Finding: findings/liger_out_of_range_target.toml
 """
 import os
 import sys

@@ -12,6 +12,8 @@ notices if Megatron drops it), against torch's mean.
 
 Run (CPU, gloo, TP=2, about 20 s):  python ci/repro/megatron_all_masked_mean_is_zero.py
 Exit status 1 while the two differ, 0 once they agree.
+
+Finding: findings/megatron_all_masked_mean_is_zero.toml
 """
 import inspect
 import math

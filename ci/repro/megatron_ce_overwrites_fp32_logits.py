@@ -9,6 +9,8 @@ second loss, logging) silently holds probabilities instead. bf16/fp16 logits are
 
 Run (CPU, gloo, TP=2, about 20 s):  python ci/repro/megatron_ce_overwrites_fp32_logits.py
 Exit status 1 while the fp32 logits are changed by the loss call, 0 once they are left alone.
+
+Finding: findings/megatron_ce_overwrites_fp32_logits.toml
 """
 import os
 import sys

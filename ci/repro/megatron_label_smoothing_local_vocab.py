@@ -12,6 +12,8 @@ NeMo's convention, which also differs from torch's F.cross_entropy(label_smoothi
 (1-a)*nll + a*mean(-log p)). It prints both gaps. Run (CPU, about 20 s):
     python ci/repro/megatron_label_smoothing_local_vocab.py
 Exit status 1 while the TP=2 loss differs from the full-vocabulary formula, 0 once it agrees.
+
+Finding: findings/megatron_label_smoothing_local_vocab.toml
 """
 import os
 import sys

@@ -8,6 +8,8 @@ F.cross_entropy(label_smoothing=0.1) over the same two classes is a number. Foun
 (vocab 2 over tp 2). Run (CPU, about 15 s):
     python ci/repro/megatron_label_smoothing_one_entry_shard.py
 Exit status 1 while the TP=2 call raises, 0 once it returns a loss.
+
+Finding: findings/megatron_label_smoothing_local_vocab.toml
 """
 import os
 import sys

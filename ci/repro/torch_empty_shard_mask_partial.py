@@ -12,6 +12,8 @@ computes the same values without complaint:
 The other ranks then wait in the all-reduce that rank never joins (here gloo reports the closed
 connection; the embedding's all-reduce is asynchronous, so its peers only hang when they wait on it). Run (CPU, gloo, about 15 s):  python ci/repro/torch_empty_shard_mask_partial.py
 Exit status 1 while the empty-shard rank raises, 0 once both ops run there.
+
+Finding: findings/torch_empty_shard_mask_partial.toml
 """
 import os
 import sys

@@ -14,6 +14,8 @@ with torch 2.11 (results/h200-dtensor/), reproduced here with the installed torc
 
 Run (CPU, gloo, one process, a few seconds):  python ci/repro/torch_partial_tp_foreach_sgd.py
 Exit status 1 while the foreach step raises on a partly parallelized model, 0 once it trains.
+
+Finding: findings/torch_partial_tp_foreach_sgd.toml
 """
 import os
 import sys

@@ -13,6 +13,8 @@ step raises after forward and backward ran.
 
 Run (CPU, gloo, about 15 s):  python ci/repro/torch_small_dim_grad_replicate.py
 Exit status 1 while the step raises for a dimension smaller than the mesh, 0 once it steps.
+
+Finding: findings/torch_small_dim_grad_replicate.toml
 """
 import os
 import sys

@@ -38,6 +38,9 @@ A file holds one or more ``[[matrix]]`` tables:
     mark = "zero0_grad_dtype"           # or a named mark of cases/marks/known_divergence.toml: its
                                         # [mark.NAME] table gives the keys above but `where`; the entry adds
                                         # `where` and any key the mark leaves out, and may not repeat one it sets
+    finding = "deepspeed_..."           # optional: the root cause (findings/<id>.toml) the entry is an instance
+                                        # of; a mark gives its own, an entry without one takes the finding that
+                                        # lists its reproducer (findings_by_repro)
     [matrix.collectives]                # collectives per micro-batch (forward + backward of head and
     all_reduce = 4                      # loss), per rank, exact: kind = n on a group of size tp, or
     "all_reduce@4" = 1                  # "kind@N" = n on a group of size N; any other collective fails
@@ -65,7 +68,8 @@ MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "
 EXPECT_KEYS = ("error", "match")
 # The checks a rejection case has (parity/harness/runner.py _rejection_verdict).
 REJECTION_CHECKS = ("rejection", "state_after_rejection", "process_state_after_rejection")
-DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds", "uneven_vocab", "mark")
+DIVERGENCE_KEYS = ("reason", "repro", "checks", "raises", "where", "any_size", "binds", "uneven_vocab", "mark",
+                   "finding")
 # A named mark is one mechanism, said once for every case file that meets it; `where` stays with each
 # entry, since it names axes of that entry's subject.
 NAMED_MARK_KEYS = tuple(k for k in DIVERGENCE_KEYS if k not in ("where", "mark"))
@@ -76,6 +80,14 @@ CASES_DIR = Path(RunSettings.from_env().cases_dir or Path(__file__).resolve().pa
 # Beside the case files, in a folder of its own: cases/*.toml are all case files (the pytest collector,
 # the CI family list and several tests glob them).
 MARKS_FILE = CASES_DIR / "marks" / "known_divergence.toml"
+# The registry of root causes, one TOML file per finding, at the repository root beside cases/ and ci/repro/.
+FINDINGS_DIR = CASES_DIR.parent / "findings"
+FINDING_KEYS = ("id", "title", "library", "versions", "class", "mechanism", "reproducers", "marks", "upstream", "fix")
+FINDING_CLASSES = ("silent wrong numbers", "crash on an accepted configuration", "misconfiguration accepted silently",
+                   "convention difference", "state left behind")
+# Reproducers under this folder each belong to exactly one finding; a repro elsewhere (a test's fixture) is named
+# by its stem.
+REPRO_DIR = "ci/repro/"
 
 
 class SelectionError(ValueError):
@@ -114,8 +126,8 @@ class KnownDivergence:
     # the mechanism needs unequal vocabulary shards (equal ones give every TP rank the same layout): explore
     # carries the mark to no case whose vocabulary splits evenly
     uneven_vocab: bool = False
-    # The finding's name: the named mark, or (finding_name) the mark or reproducer an entry of its own shares. Not
-    # part of what the divergence is: an entry spelled out equals its mark.
+    # The finding's id (findings/<id>.toml): the entry's or its mark's `finding`, else the finding that lists its
+    # reproducer (finding_name). Not part of what the divergence is: an entry spelled out equals its mark.
     name: str = field(default="", compare=False)
     parts: tuple = field(default=(), compare=False)  # under several divergences: each of them, judged apart
 
@@ -402,17 +414,76 @@ def _divergence(path, where, table, subject=None, name=None) -> KnownDivergence 
     uneven_vocab = table.get("uneven_vocab", False)
     if not isinstance(uneven_vocab, bool):
         raise CaseFileError(path, f"{where}.uneven_vocab", f"bad value {uneven_vocab!r}", "true or false")
-    name = name or (own["mark"] if "mark" in own else finding_name(table["repro"]))
+    if "finding" in table:
+        known = findings()
+        if not isinstance(table["finding"], str) or table["finding"] not in known:
+            key = f"{where}.finding" if "finding" in own else f"{where}.mark"
+            raise CaseFileError(path, key, f"unknown finding {table['finding']!r} (no {_display(FINDINGS_DIR)}/"
+                                f"{table['finding']}.toml)", ", ".join(sorted(known)))
+        name = table["finding"]
+    else:
+        name = name or (own["mark"] if "mark" in own else finding_name(table["repro"], path, f"{where}.repro"))
     return KnownDivergence(" ".join(table["reason"].split()), table["repro"], tuple(checks), raises, any_size, binds,
                            uneven_vocab, name)
 
 
-def finding_name(repro: str) -> str:
-    """An entry of its own is the finding of the named mark with its reproducer, where exactly one has it;
-    else its reproducer's stem."""
-    known = named_marks() if MARKS_FILE.is_file() else {}  # a case file needs no marks file unless it names one
-    marks = [name for name, table in known.items() if table.get("repro") == repro]
-    return marks[0] if len(marks) == 1 else Path(repro).stem
+def finding_name(repro: str, path="", where="repro") -> str:
+    """The finding an entry without a `finding` of its own is an instance of: the one findings/*.toml file whose
+    `reproducers` lists its reproducer. A reproducer outside ci/repro/ (a test's fixture) is named by its stem."""
+    if not repro.startswith(REPRO_DIR):
+        return Path(repro).stem
+    owners = findings_by_repro().get(repro, [])
+    if len(owners) != 1:
+        problem = (f"reproducer {repro!r} belongs to no finding (list it in the `reproducers` of one "
+                   f"{_display(FINDINGS_DIR)}/*.toml)" if not owners else
+                   f"reproducer {repro!r} belongs to {len(owners)} findings ({', '.join(owners)}): one cause each")
+        raise CaseFileError(path, where, problem)
+    return owners[0]
+
+
+def findings() -> dict:
+    """The findings registry (findings/*.toml): id -> its table, each validated; {} where there is no folder."""
+    files = sorted(FINDINGS_DIR.glob("*.toml")) if FINDINGS_DIR.is_dir() else []
+    return _findings(tuple((str(f), f.stat().st_mtime_ns) for f in files))
+
+
+def findings_by_repro() -> dict:
+    """Reproducer path -> the ids of the findings that list it (a valid registry has one each)."""
+    owners = {}
+    for fid, table in findings().items():
+        for repro in table["reproducers"]:
+            owners.setdefault(repro, []).append(fid)
+    return owners
+
+
+@functools.lru_cache(maxsize=4)
+def _findings(stamped: tuple) -> dict:
+    """Read once per set of files and stamps; a changed file is read again."""
+    out = {}
+    for name, _ in stamped:
+        path = Path(name)
+        shown = _display(path)
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise CaseFileError(shown, "(syntax)", str(exc)) from None
+        unknown = [k for k in table if k not in FINDING_KEYS]
+        missing = [k for k in FINDING_KEYS if k not in table]
+        if unknown or missing:
+            raise CaseFileError(shown, (unknown or missing)[0], "unknown key" if unknown else "required",
+                                ", ".join(FINDING_KEYS))
+        if table["id"] != path.stem:
+            raise CaseFileError(shown, "id", f"{table['id']!r} is not the file's stem {path.stem!r}")
+        if table["class"] not in FINDING_CLASSES:
+            raise CaseFileError(shown, "class", f"bad value {table['class']!r}", "; ".join(FINDING_CLASSES))
+        for key in ("versions", "reproducers", "marks"):
+            if not isinstance(table[key], list) or not all(isinstance(v, str) for v in table[key]):
+                raise CaseFileError(shown, key, "must be a list of strings")
+        for key in ("title", "library", "mechanism", "upstream", "fix"):
+            if not isinstance(table[key], str) or not table[key].strip():
+                raise CaseFileError(shown, key, "required, a non-empty string")
+        out[table["id"]] = table
+    return out
 
 
 def _merged(path, where, found: list) -> KnownDivergence | None:
@@ -427,9 +498,21 @@ def _merged(path, where, found: list) -> KnownDivergence | None:
 def merged_divergence(found: list) -> KnownDivergence:
     """Numerical divergences one case is under, as one: reasons and repros joined, checks united."""
     checks = () if any(not d.checks for d in found) else tuple(dict.fromkeys(c for d in found for c in d.checks))
+    # Marks of one root cause met by one case are one finding, present where any of their checks fails.
+    by_name = {}
+    for p in (p for d in found for p in d.findings):
+        by_name.setdefault(p.name, []).append(p)
+    parts = tuple(same[0] if len(same) == 1 else _one_finding(same) for same in by_name.values())
     return KnownDivergence(" | ".join(d.reason for d in found), "; ".join(d.repro for d in found), checks,
-                           any_size=all(d.any_size for d in found), name=" + ".join(d.name for d in found),
-                           parts=tuple(p for d in found for p in d.findings))
+                           any_size=all(d.any_size for d in found),
+                           name=" + ".join(dict.fromkeys(d.name for d in found)), parts=parts)
+
+
+def _one_finding(same: list) -> KnownDivergence:
+    """Divergences of one finding met by one case, as one part: reasons and repros joined, checks united."""
+    checks = () if any(not d.checks for d in same) else tuple(dict.fromkeys(c for d in same for c in d.checks))
+    return KnownDivergence(" | ".join(d.reason for d in same), "; ".join(d.repro for d in same), checks,
+                           any_size=all(d.any_size for d in same), name=same[0].name)
 
 
 def _collectives(path, where, table) -> tuple:
