@@ -10,6 +10,7 @@ own features at half the group width, so query, value and key are mixed on every
 
 Run (CPU, 2 processes over gloo, about 30 s):  python ci/repro/deepspeed_codegen_embed_dim_halved.py
 Exit status 1 while the TP-2 logits differ from the unsharded model's (or the attention's embed_dim was changed).
+Finding: findings/deepspeed_codegen_embed_dim_halved.toml
 """
 import importlib
 import os

@@ -58,7 +58,7 @@ def test_diff_lists_findings_fixed_and_newly_present():
 
 
 def test_case_files_name_every_finding():
-    """A mark's finding is the mark's name; an entry of its own is named by its reproducer."""
+    """Every known divergence names its finding (findings/*.toml: a mark's finding key, an entry's reproducer)."""
     marked = [c for c in load() if c.divergence is not None]
     assert marked and all(f.name for c in marked for f in c.divergence.findings)
     # Cases under several marks in the default matrix list each one, flat (no finding nests another).
