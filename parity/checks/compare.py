@@ -214,6 +214,7 @@ class Comparison:
 
     # -- the checks ----------------------------------------------------------------------------
     def run(self) -> list[Check]:
+        self.check_structure()  # first: a wrong build fails by name before any number is compared
         self.check_claims()
         self.check_initial_weights()
         for step in range(self.train.steps):
@@ -230,6 +231,87 @@ class Comparison:
         for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
+
+    # -- structure (docs/subjects.md#structure-checks) ------------------------------------------
+    def check_structure(self) -> None:
+        """What each rank built before its first forward (facts["structure"], parity/subjects/driver.py) against
+        the claims and the suite's partition formula: every claimed parameter's local shape is the formula's
+        slice of the reference's full parameter (the full shape where replicated); a layer's own vocab range,
+        TP index and gather_output are the formula's and the claims'. Runs where the subject records structure
+        (every subject trained through the driver); a rank of such a case that recorded none fails."""
+        if not any("structure" in o.facts for o in self.obs.values()):
+            return
+        for rank, o in sorted(self.obs.items()):
+            built = o.facts.get("structure")
+            if built is None:
+                self.add("structure", False, rank=rank, detail="not recorded")
+                continue
+            if "params" in built:
+                for name, dim in self.claims.param_shards.items():
+                    self.check_param_structure(name, dim, rank, o, built["params"].get(name))
+            for path, layer in built.get("modules", {}).items():
+                self.check_layer_structure(path, layer, rank, o)
+
+    def group_shapes(self, name: str, dp: int) -> list | None:
+        """The local shapes of ``name`` on the ranks of one TP group, in TP order (None where one is missing)."""
+        shapes = [o.facts.get("structure", {}).get("params", {}).get(name, {}).get("shape")
+                  for o in sorted((o for o in self.obs.values() if o.dp_rank == dp), key=lambda o: o.tp_rank)]
+        return None if any(s is None for s in shapes) else shapes
+
+    def check_param_structure(self, name, dim, rank, o, found) -> None:
+        key = ("weight", -1, None, None, name)
+        if key not in self.reference.records:
+            return  # not a parameter of the reference: nothing to hold its shape to
+        full = tuple(self.reference.records[key].shape)
+        check = f"structure[{name}]"
+        if found is None:
+            self.add(check, False, rank=rank, detail="not recorded: the rank trains no such parameter")
+            return
+        got = tuple(found["shape"])
+        placed = f", placements {found['placements']}" if "placements" in found else ""
+        if dim is None:
+            self.add(check, got == full, rank=rank,
+                     detail=f"replicated {full} as claimed{placed}" if got == full else
+                     f"expected replicated {full}, built {got}{placed}")
+            return
+        axis = dim % len(full)
+        part = shard_slice(full[axis], self.tp, o.tp_rank, self.grain, self.split)
+        want = full[:axis] + (part.stop - part.start,) + full[axis + 1:]
+        expected = f"[{part.start}, {part.stop}) of {full[axis]} along dim {dim} ({self.split} in {self.tp})"
+        if got == want:
+            self.add(check, True, rank=rank, detail=f"built {got}: {expected}{placed}")
+            return
+        if got == full and self.tp > 1:
+            self.add(check, False, rank=rank, detail=f"expected sharded along dim {dim} in {self.tp}: {expected}; "
+                                                     f"found replicated {got}{placed}")
+            return
+        shapes = self.group_shapes(name, o.dp_rank)
+        where = ""
+        if shapes is not None and len(got) == len(full) and all(len(s) == len(full) for s in shapes):
+            start = sum(s[axis] for s in shapes[:o.tp_rank])
+            where = f" = [{start}, {start + got[axis]}) of {full[axis]} as its TP group's shards lie"
+        self.add(check, False, rank=rank, detail=f"built {got}{where}; expected {want}: {expected}{placed}")
+
+    def check_layer_structure(self, path, layer, rank, o) -> None:
+        """A sharded layer's own partition facts, where it exposes them."""
+        if "vocab_start_index" in layer and "vocab_end_index" in layer:
+            part = shard_slice(self.values["vocab"], self.tp, o.tp_rank, self.grain, self.split)
+            got = (layer["vocab_start_index"], layer["vocab_end_index"])
+            self.add(f"structure[{path}.vocab_range]", got == (part.start, part.stop), rank=rank,
+                     detail=f"{layer['class']} holds vocab [{got[0]}, {got[1]}), formula "
+                            f"[{part.start}, {part.stop}) of {self.values['vocab']} in {self.tp}")
+        if "tp_world_size" in layer and "tp_index" in layer:
+            got = (layer["tp_world_size"], layer["tp_index"])
+            self.add(f"structure[{path}.tp_index]", got == (self.tp, o.tp_rank), rank=rank,
+                     detail=f"{layer['class']} holds index {got[1]} of {got[0]}, formula {o.tp_rank} of {self.tp}")
+        if "gather_output" in layer and "logits" in self.claims.micro_records and path == self.head_path():
+            whole = self.claims.micro_records["logits"] is None
+            self.add(f"structure[{path}.gather_output]", layer["gather_output"] == whole, rank=rank,
+                     detail=f"{layer['class']} gather_output={layer['gather_output']}; the claims give each rank "
+                            + ("the whole logits" if whole else "its vocab block of the logits"))
+
+    def head_path(self) -> str:
+        return self.values.get("head", "lm_head")
 
     def check_claims(self) -> None:
         for rank, o in sorted(self.obs.items()):

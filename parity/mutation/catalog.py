@@ -107,6 +107,22 @@ def _ce():
 
 # -- ColumnParallel / GatherFromTensorParallelRegion / LinearLayer ------------------------------------
 
+def _partition_row_moved():
+    """A structural bug: the layer's split gives TP rank 0 one row fewer and rank 1 one more. Every consumer
+    reads the same cached sizes, so the layer stays self-consistent; the structure check names it."""
+    layers = _layers()
+    from deepspeed.module_inject.tp_shard import get_shard_size_list
+
+    def _freeze_partition_sizes(self, total_size):
+        sizes = list(get_shard_size_list(total_size, self.tp_world_size, self.tp_meta, self.name))
+        if len(sizes) > 1 and sizes[0] > 1:
+            sizes[0], sizes[1] = sizes[0] - 1, sizes[1] + 1  # planted: one row moved to the next rank
+        self._partition_sizes = tuple(sizes)
+        return self._partition_sizes
+
+    return _swap(layers.TensorParallel_Layer, "_freeze_partition_sizes", _freeze_partition_sizes)
+
+
 def _column_backward_no_allreduce():
     def backward(ctx, grad_output):
         return None, grad_output  # upstream all-reduces grad_output over ctx.group first
@@ -1163,6 +1179,12 @@ def _uc_moments_zeroed():
 
 
 MUTANTS = [
+    Mutant("partition_row_moved",
+           "TensorParallel_Layer._freeze_partition_sizes moves one row of the split from TP rank 0 to rank 1: the "
+           "head is sharded self-consistently, but not as the partition formula says",
+           "deepspeed.module_inject.layers.TensorParallel_Layer._freeze_partition_sizes",
+           "structure[<head>.weight] (the built shard's shape against the formula's slice)", (COLUMN, VOCAB),
+           _partition_row_moved),
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",

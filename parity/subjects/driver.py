@@ -27,12 +27,41 @@ def attribute(root, path: str):
     return root
 
 
+# What a sharded layer says about its own partition and output, where it exposes it (DeepSpeed's AutoTP layers:
+# gather_output, vocab range, TP size and index; Megatron's: gather_output, vocab range).
+LAYER_FACTS = ("gather_output", "vocab_start_index", "vocab_end_index", "tp_world_size", "tp_index")
+
+
 def record_structure(obs: RankObservations, model, claims, module_type=lambda m: type(m).__name__) -> None:
-    """What the subject built, as its claims name it: each claimed module's class, and whether each
-    claimed tie is one and the same Parameter."""
+    """What the subject built, as its claims name it: each claimed module's class, the partition facts it
+    exposes (facts["structure"]["modules"], checked as structure[...]), and whether each claimed tie is one
+    and the same Parameter."""
     obs.facts["module_types"] = {path: module_type(attribute(model, path)) for path in claims.module_types}
+    modules = obs.facts.setdefault("structure", {}).setdefault("modules", {})
+    for path in claims.module_types:
+        module = attribute(model, path)
+        found = {name: getattr(module, name) for name in LAYER_FACTS
+                 if isinstance(getattr(module, name, None), (bool, int))}
+        modules[path] = {"class": module_type(module), **found}
     obs.facts["shared_params"] = {f"{a}={b}": attribute(model, a) is attribute(model, b) is not None
                                   for a, b in claims.shared_params}
+
+
+def param_structure(p) -> dict:
+    """A parameter as this rank holds it: its local shape (a DTensor's local shard, ZeRO-3's TP-local
+    ds_shape rather than its empty placeholder) and a DTensor's placements."""
+    placements = getattr(p, "placements", None)
+    if placements is not None:
+        return {"shape": tuple(p.to_local().shape), "placements": [str(x) for x in placements]}
+    return {"shape": tuple(getattr(p, "ds_shape", p.shape))}
+
+
+def record_params(run: "Run") -> None:
+    """Before the first step, each parameter the update trains as this rank holds it
+    (facts["structure"]["params"]); an update that names no parameters records none."""
+    params = getattr(run.update, "params", None)
+    if params is not None:
+        run.obs.facts.setdefault("structure", {})["params"] = {name: param_structure(p) for name, p in params.items()}
 
 
 def _same(tensor):
@@ -82,6 +111,7 @@ def record_outputs(run: Run, step: int, micro: int, loss, output) -> None:
 
 def train(run: Run) -> RankObservations:
     obs, update = run.obs, run.update
+    record_params(run)
     update.start(run)
     for step in range(run.train.steps) if run.steps is None else run.steps:
         update.begin_step(step)

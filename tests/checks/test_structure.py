@@ -1,0 +1,84 @@
+"""Structure before numbers (issue 45 item 1): what each rank built before its first forward is held to the
+claims and the partition formula as named structure[...] checks, run before any number is compared."""
+import torch
+
+from parity.checks.compare import Comparison
+from parity.observe.observations import RankObservations
+from parity.observe.partition import shard_slice
+from parity.subjects.base import Claims
+from references.trajectory import Trajectory
+
+TP, VOCAB, HIDDEN = 2, 35, 32
+CLAIMS = Claims(module_types={"lm_head": "VocabParallelLinear"},
+                param_shards={"lm_head.weight": 0, "lm_head.bias": 0, "proj.weight": None},
+                micro_records={"logits": -1, "loss": None})
+FULL = {"lm_head.weight": (VOCAB, HIDDEN), "lm_head.bias": (VOCAB,), "proj.weight": (HIDDEN, HIDDEN)}
+
+
+def built(tp_rank):
+    """A rank's structure as the formula says: its vocabulary rows of the head, proj whole."""
+    part = shard_slice(VOCAB, TP, tp_rank)
+    rows = part.stop - part.start
+    return {"params": {"lm_head.weight": {"shape": (rows, HIDDEN)}, "lm_head.bias": {"shape": (rows,)},
+                       "proj.weight": {"shape": (HIDDEN, HIDDEN)}},
+            "modules": {"lm_head": {"class": "VocabParallelLinear", "gather_output": False, "tp_world_size": TP,
+                                    "tp_index": tp_rank, "vocab_start_index": part.start,
+                                    "vocab_end_index": part.stop}}}
+
+
+def judge(structures):
+    c = object.__new__(Comparison)  # only what check_structure reads
+    c.tp, c.grain, c.split, c.claims, c.checks = TP, 1, "near_even", CLAIMS, []
+    c.values = {"vocab": VOCAB, "tp": TP}
+    c.reference = Trajectory(records={("weight", -1, None, None, n): torch.zeros(s) for n, s in FULL.items()})
+    c.obs = {}
+    for r, structure in structures.items():
+        o = RankObservations(r, r % TP, r // TP)
+        if structure is not None:
+            o.facts["structure"] = structure
+        c.obs[r] = o
+    c.check_structure()
+    return c.checks
+
+
+def failed(checks):
+    return {(ch.name, ch.rank): ch.detail for ch in checks if not ch.passed}
+
+
+def test_the_formulas_structure_passes():
+    checks = judge({r: built(r) for r in range(TP)})
+    assert failed(checks) == {}
+    names = {ch.name for ch in checks}
+    assert {"structure[lm_head.weight]", "structure[proj.weight]", "structure[lm_head.vocab_range]",
+            "structure[lm_head.tp_index]", "structure[lm_head.gather_output]"} <= names
+
+
+def test_a_replicated_head_fails_by_name():
+    structures = {r: built(r) for r in range(TP)}
+    for s in structures.values():
+        s["params"]["lm_head.weight"] = {"shape": (VOCAB, HIDDEN)}
+    found = failed(judge(structures))
+    assert set(found) == {("structure[lm_head.weight]", 0), ("structure[lm_head.weight]", 1)}
+    assert "found replicated (35, 32)" in found[("structure[lm_head.weight]", 0)]
+
+
+def test_a_misplaced_slice_fails_by_name():
+    structures = {0: built(0), 1: built(1)}  # 18/17 by the formula; built 17/18, the range moved with it
+    structures[0]["params"]["lm_head.weight"] = {"shape": (17, HIDDEN)}
+    structures[1]["params"]["lm_head.weight"] = {"shape": (18, HIDDEN)}
+    structures[0]["modules"]["lm_head"]["vocab_end_index"] = 17
+    found = failed(judge(structures))
+    assert set(found) == {("structure[lm_head.weight]", 0), ("structure[lm_head.weight]", 1),
+                          ("structure[lm_head.vocab_range]", 0)}
+    assert "built (17, 32) = [0, 17) of 35" in found[("structure[lm_head.weight]", 0)]
+    assert "expected (18, 32): [0, 18)" in found[("structure[lm_head.weight]", 0)]
+
+
+def test_a_gathered_head_where_the_claims_shard_the_logits_fails():
+    structures = {r: built(r) for r in range(TP)}
+    structures[1]["modules"]["lm_head"]["gather_output"] = True
+    assert set(failed(judge(structures))) == {("structure[lm_head.gather_output]", 1)}
+
+
+def test_a_rank_that_recorded_no_structure_fails():
+    assert set(failed(judge({0: built(0), 1: None}))) == {("structure", 1)}
