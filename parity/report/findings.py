@@ -105,7 +105,57 @@ def issue(finding: dict, cases: int) -> str:
         + (f" (marks: {', '.join(finding['marks'])})." if finding["marks"] else ".")]) + "\n"
 
 
+def check(registry: dict, ids: list, cases) -> list[dict]:
+    """Each finding against the installed libraries: its reproducers (exit 1 while the bug is there, 0 once fixed)
+    and the cases of the default matrix marked with it (each reads it present or fixed). present: every reproducer
+    and case still shows it; fixed: none does; changed: anything else (a reproducer erring, a mixed outcome)."""
+    import os
+    import subprocess
+    import tempfile
+
+    marked = {fid: [c for c in cases if c.divergence is not None and fid in [f.name for f in c.divergence.findings]]
+              for fid in ids}
+    runs = list(dict.fromkeys(c.id for fid in ids for c in marked[fid]))
+    statuses = {}
+    if runs:
+        with tempfile.TemporaryDirectory(prefix="parity_findings_") as tmp:
+            subprocess.run([sys.executable, "-m", "parity.cli", "run", "--report", tmp,
+                            *[a for i in runs for a in ("--case", i)]], cwd=CASES_DIR.parent, capture_output=True,
+                           text=True, env=os.environ.copy())
+            summary = json.loads((Path(tmp) / "summary.json").read_text())
+            statuses = {c["id"]: c.get("findings") or {} for c in summary["cases"] if c["verdict"] != "skipped"}
+    found = []
+    for fid in ids:
+        repro = {}
+        for path in registry[fid]["reproducers"]:
+            done = subprocess.run([sys.executable, path], cwd=CASES_DIR.parent, capture_output=True, text=True,
+                                  timeout=900)
+            repro[path] = {1: "present", 0: "fixed"}.get(done.returncode, f"error (exit {done.returncode})")
+        seen = Counter(statuses[c.id].get(fid, "missing") for c in marked[fid] if c.id in statuses)
+        outcomes = set(repro.values()) | set(seen)
+        status = "present" if outcomes == {"present"} else "fixed" if outcomes == {"fixed"} else "changed"
+        found.append({"id": fid, "status": status, "reproducers": repro, "cases": dict(seen),
+                      "cases_not_run_here": len(marked[fid]) - sum(seen.values())})
+    return found
+
+
+def format_check(found: list[dict]) -> str:
+    lines = [f"{'id':55} {'status':8} reproducers (present/fixed/other)  cases (present/fixed/other)"]
+    for f in found:
+        r = Counter(v if v in ("present", "fixed") else "other" for v in f["reproducers"].values())
+        c = Counter(k if k in ("present", "fixed") else "other" for k in f["cases"] for _ in range(f["cases"][k]))
+        lines.append(f"{f['id']:55} {f['status']:8} {r['present']}/{r['fixed']}/{r['other']:<30}"
+                     f"{c['present']}/{c['fixed']}/{c['other']}"
+                     + (f" ({f['cases_not_run_here']} not run here)" if f["cases_not_run_here"] else ""))
+    totals = Counter(f["status"] for f in found)
+    lines.append(f"{totals['present']} present, {totals['fixed']} fixed, {totals['changed']} changed")
+    return "\n".join(lines)
+
+
 def add_arguments(parser) -> None:
+    parser.add_argument("--check", nargs="*", metavar="ID",
+                        help="run the reproducers and marked cases of these findings (default: all) against the "
+                             "installed libraries and report each present / fixed / changed; exit 1 unless all present")
     parser.add_argument("--json", action="store_true", help="print the table's rows (and each record) as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="write the docs page (docs/findings.md) to FILE")
     parser.add_argument("--issue", metavar="ID", help="print one finding as an upstream-ready report")
@@ -118,7 +168,15 @@ def cmd_findings(args) -> int:
     if args.markdown:
         Path(args.markdown).write_text(markdown(registry))
         return 0
-    counts = case_counts(load())
+    cases = load()
+    if args.check is not None:
+        unknown = [i for i in args.check if i not in registry]
+        if unknown:
+            raise SelectionError(f"no finding {unknown[0]!r} (see `parity findings`)")
+        found = check(registry, args.check or sorted(registry), cases)
+        print(json.dumps(found, indent=1) if args.json else format_check(found))
+        return 0 if all(f["status"] == "present" for f in found) else 1
+    counts = case_counts(cases)
     if args.issue:
         if args.issue not in registry:
             raise SelectionError(f"no finding {args.issue!r} (see `parity findings`)")

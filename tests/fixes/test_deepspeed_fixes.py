@@ -34,3 +34,27 @@ def test_the_right_fixes_are_accepted_and_the_wrong_one_rejected(tmp_path):
     assert wrong and not any(p.startswith("ci/repro/") for p in wrong), wrong
     # The partial fix leaves its root cause present on the cases of the symptoms it does not touch.
     assert any("still present" in p for p in outcomes[str(PARTIAL[0])]["problems"])
+
+
+def test_findings_check_reads_present_on_the_release_and_fixed_on_a_patched_copy(tmp_path):
+    """`parity findings --check` on the installed DeepSpeed: the finding present (exit 0); on a copy with its fix
+    first on PYTHONPATH: fixed (exit 1, the registry no longer holds for this DeepSpeed)."""
+    import os
+    import shutil
+
+    import deepspeed
+
+    finding = "deepspeed_zero_init_dtype_ignored"
+    command = [sys.executable, "-m", "parity.cli", "findings", "--check", finding, "--json"]
+    released = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert json.loads(released.stdout)[0]["status"] == "present"
+    shutil.copytree(Path(deepspeed.__file__).parent, tmp_path / "deepspeed",
+                    ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    patch = ROOT / "fixes" / "deepspeed" / "zero_init_dtype_ignored.patch"
+    subprocess.run(["patch", "-p1", "-s", "-d", str(tmp_path), "-i", str(patch)], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
+    patched = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert patched.returncode == 1, patched.stdout + patched.stderr
+    found = json.loads(patched.stdout)[0]
+    assert found["status"] == "fixed" and set(found["reproducers"].values()) == {"fixed"}, found
