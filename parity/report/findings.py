@@ -124,13 +124,20 @@ def check(registry: dict, ids: list, cases) -> list[dict]:
                            text=True, env=os.environ.copy())
             summary = json.loads((Path(tmp) / "summary.json").read_text())
             statuses = {c["id"]: c.get("findings") or {} for c in summary["cases"] if c["verdict"] != "skipped"}
+    def reproduce(path):
+        done = subprocess.run([sys.executable, path], cwd=CASES_DIR.parent, capture_output=True, text=True,
+                              timeout=900)
+        return {1: "present", 0: "fixed"}.get(done.returncode, f"error (exit {done.returncode})")
+
+    # Reproducers start 1 to 4 rank processes each: a few at a time where the cores allow.
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = list(dict.fromkeys(p for fid in ids for p in registry[fid]["reproducers"]))
+    with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 4)) as pool:
+        outcome = dict(zip(paths, pool.map(reproduce, paths)))
     found = []
     for fid in ids:
-        repro = {}
-        for path in registry[fid]["reproducers"]:
-            done = subprocess.run([sys.executable, path], cwd=CASES_DIR.parent, capture_output=True, text=True,
-                                  timeout=900)
-            repro[path] = {1: "present", 0: "fixed"}.get(done.returncode, f"error (exit {done.returncode})")
+        repro = {path: outcome[path] for path in registry[fid]["reproducers"]}
         seen = Counter(statuses[c.id].get(fid, "missing") for c in marked[fid] if c.id in statuses)
         outcomes = set(repro.values()) | set(seen)
         status = "present" if outcomes == {"present"} else "fixed" if outcomes == {"fixed"} else "changed"
