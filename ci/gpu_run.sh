@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU job as it ran on the workplace's H200 machines (results/h200*/): no network there, so
-# deepspeed, liger-kernel, pydantic and hjson travel as wheels in .whl/ (see README "GPU runs"):
+# deepspeed, liger-kernel, pydantic and hjson travel as wheels in .whl/ (see docs/gpu-and-ci.md#gpu-runs):
 #   DS_BUILD_OPS=0 pip wheel --no-deps --no-build-isolation deepspeed==0.19.8 -w .whl
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl liger-kernel==0.8.5 pydantic==2.14.4 pydantic-core==2.50.5 hjson==3.1.0 \

@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only cases of this framework's subjects (deepspeed, liger, torch, megatron)")
     sub.choices["list"].add_argument("--json", action="store_true", help="print each case's definition as JSON")
     sub.choices["list"].add_argument("--coverage", action="store_true",
-                                     help="print the subject x axis coverage table (markdown, as in the README)")
+                                     help="print the subject x axis coverage table (markdown, as in docs/subjects.md)")
     run = sub.choices["run"]
     run.add_argument("--report", metavar="DIR", help="write DIR/summary.json, results.jsonl, summary.md, report.html")
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")

@@ -74,3 +74,31 @@ def test_subject_docstrings_link_their_section():
              "deepspeed_universal", "hf_tp_plan", "loss_scaling", "megatron_tp", "plain_sgd", "torch_tp")
     missing = [m for m in moved if "docs/subjects.md#" not in (ROOT / "parity" / "subjects" / f"{m}.py").read_text()]
     assert not missing, missing
+
+
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def page_links(page: Path) -> list:
+    """The relative link targets of a markdown page, outside fenced code blocks."""
+    found, fenced = [], False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            found += [t for t in MD_LINK.findall(line) if not t.startswith(("http://", "https://", "mailto:"))]
+    return found
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves():
+    """A link's file exists, and its #anchor names a heading of the markdown page it points at."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in page_links(page):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in {github_anchor(h) for h in headings(dest)}:
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -1,7 +1,7 @@
-"""Which subject was run at which axis values, and how many cases: the README's coverage table.
+"""Which subject was run at which axis values, and how many cases: the coverage table of docs/subjects.md.
 
-Generated from the case files (never written by hand), and a self-test keeps the README's copy
-current.
+Generated from the case files (never written by hand), and a self-test keeps that page's copy
+current (tests/matrix/test_coverage.py).
 """
 from __future__ import annotations
 
@@ -45,5 +45,5 @@ def coverage_table(cases) -> str:
     return "\n".join(lines)
 
 
-def readme_block(cases) -> str:
+def page_block(cases) -> str:
     return f"{BEGIN}\n{coverage_table(cases)}\n{END}"

@@ -1,4 +1,4 @@
-"""The README's cross-framework table: per feature and framework, how many cases of each expected outcome.
+"""The cross-framework table of docs/subjects.md: per feature and framework, how many cases of each expected outcome.
 
 Generated from the case files like the coverage table (parity/matrix/coverage.py) and kept current by
 tests/matrix/test_frameworks.py. A cell is "parity / known div. / rejection": the outcome the case file
@@ -12,7 +12,7 @@ BEGIN, END = "<!-- frameworks:begin -->", "<!-- frameworks:end -->"
 COLUMN, VOCAB, ROW, EMBED, TIED = ("column head (gathered logits)", "vocab-parallel head + CE", "row head",
                                    "vocab-parallel embedding", "tied embedding / head")
 FEATURES_IN_ORDER = (COLUMN, VOCAB, ROW, EMBED, TIED)
-# Column headers of the frameworks known here, in the README's order; a framework not named here gets a column
+# Column headers of the frameworks known here, in the table's order; a framework not named here gets a column
 # headed by its own name, after these. A framework is a column where any of its subjects has a feature (Liger has
 # only a loss, no head, so it is none).
 FRAMEWORK_TITLES = {"deepspeed": "DeepSpeed", "torch": "PyTorch DTensor", "megatron": "Megatron-core"}
@@ -62,5 +62,5 @@ def framework_table(cases) -> str:
     return "\n".join(lines)
 
 
-def readme_block(cases) -> str:
+def page_block(cases) -> str:
     return f"{BEGIN}\n{framework_table(cases)}\n{END}"

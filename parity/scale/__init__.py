@@ -1,1 +1,1 @@
-"""Scale cases: production shapes on a GPU, judged by stage-local float64 oracles (README "Scale cases")."""
+"""Scale cases: production shapes on a GPU, judged by stage-local float64 oracles (docs/speed.md#scale-cases-parity-scale)."""

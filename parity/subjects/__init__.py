@@ -1,5 +1,6 @@
 """Subject registry. Adding a framework = one module here + one case file under cases/: the module's Subject
-classes declare everything the registries and the README tables read (name, framework, feature, axes, claims).
+classes declare everything the registries and the generated tables of docs/subjects.md read (name, framework,
+feature, axes, claims).
 
 PARITY_SUBJECT_MODULES (comma-separated module names, each with a SUBJECTS list) adds subjects
 from elsewhere, e.g. the deliberately broken subjects of the self-tests. Rank processes inherit

@@ -88,11 +88,11 @@ class Subject(ABC):
     axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
     defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
-    framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and the README table
-    # The README frameworks table's row (parity.matrix.frameworks.FEATURES_IN_ORDER) this subject's cases count in;
-    # None: no head feature of the table (a loss alone, an error path, head selection, a checkpoint path). Every
-    # subject of the package declares it on its own class (tests/matrix/test_frameworks.py), so a new head subject
-    # cannot drop out of the table by inheriting another's value.
+    framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and its table
+    # The row of the frameworks table (docs/subjects.md; parity.matrix.frameworks.FEATURES_IN_ORDER) this subject's
+    # cases count in; None: no head feature of the table (a loss alone, an error path, head selection, a checkpoint
+    # path). Every subject of the package declares it on its own class (tests/matrix/test_frameworks.py), so a new
+    # head subject cannot drop out of the table by inheriting another's value.
     feature: str | None = None
     # Capabilities (parity.observe.capabilities) every case of this subject needs, whatever its values; requires()
     # adds those a case's values call for.

@@ -1,22 +1,19 @@
-"""The README's cross-framework table is generated from the case files and must match them;
+"""The cross-framework table of docs/subjects.md is generated from the case files and must match them;
 every subject declares its framework and its feature of the table (or None: no head feature)."""
-from pathlib import Path
-
 import pytest
 
 from parity.matrix import frameworks
 from parity.matrix.cases import SelectionError, load, select
+from parity.matrix.coverage_update import PAGE
 from parity.subjects import FRAMEWORKS, SUBJECTS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 
-
-def test_readme_framework_table_is_current():
-    text = README.read_text()
-    assert frameworks.BEGIN in text and frameworks.END in text, "README lacks the frameworks block"
+def test_subjects_page_framework_table_is_current():
+    text = PAGE.read_text()
+    assert frameworks.BEGIN in text and frameworks.END in text, "docs/subjects.md lacks the frameworks block"
     current = text[text.index(frameworks.BEGIN):text.index(frameworks.END) + len(frameworks.END)]
-    assert current == frameworks.readme_block(load()), \
-        "README framework table is stale: regenerate its block with parity.matrix.frameworks.readme_block"
+    assert current == frameworks.page_block(load()), \
+        "the framework table of docs/subjects.md is stale: run python -m parity.matrix.coverage_update"
 
 
 def test_every_subject_has_a_framework_and_a_place_in_the_table():

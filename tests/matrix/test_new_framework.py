@@ -1,6 +1,6 @@
 """A new framework is one subject module and one case file: nothing else names it. A toy framework built in a
-temporary directory from exactly those two files is listed by --framework, runs, shows in the README's frameworks
-table, and the mutation check kills a bug planted in it (a mutant its own module declares for its family)."""
+temporary directory from exactly those two files is listed by --framework, runs, shows in the frameworks table
+(docs/subjects.md), and the mutation check kills a bug planted in it (a mutant its own module declares for its family)."""
 import os
 import subprocess
 import sys
