@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
     ("references",),
     ("parity.observe",),
-    ("parity.subjects", "parity.mutation.catalog"),
+    ("parity.subjects", "parity.mutation.catalog", "parity.matrix.axes"),  # axes: pure data the case values resolve from
     ("parity.matrix",),
     ("parity.checks",),
     ("parity.harness",),

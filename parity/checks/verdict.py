@@ -88,6 +88,6 @@ def repro_env(case: Case) -> dict:
     """The variables of this process that decide what a case runs: read when it runs, since the
     mutation check sets PARITY_MUTANT only around one mutant's cases."""
     env = {k: os.environ[k] for k in REPRO_ENV if os.environ.get(k)}
-    if case.values.get("device") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+    if case.values.optional("device", "cpu") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     return env

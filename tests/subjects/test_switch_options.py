@@ -109,7 +109,12 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
 
 
 def test_explore_draws_each_bf16_switch_only_where_deepspeed_reads_it():
-    from parity.explore.domains import bf16_switch_off_its_reader as off
+    from parity.explore.domains import bf16_switch_off_its_reader
+    from parity.subjects import SUBJECTS
+    from parity.subjects.values import resolve
+
+    def off(values):  # column_gathered declares every switch
+        return bf16_switch_off_its_reader(resolve(SUBJECTS["column_gathered"], values))
 
     bf16_optimizer = {"dtype": "bf16", "zero": 1, "grad_accum": "fp32"}
     assert off({**bf16_optimizer, "immediate_grad": True}) is None
