@@ -21,7 +21,7 @@ def mixed_selection():
         lambda c: c.subject == "ds_vocab_ce" and c["dtype"] == "bf16" and c["tp"] == 2,
         lambda c: c.subject == "ds_reject",
         lambda c: c.divergence is not None and c.subject != "liger_vocab_ce",
-        lambda c: c.values.get("device") == "cuda",
+        lambda c: c.values.optional("device", None) == "cuda",
         # rank 1 asserts in ZeRO 3's first forward, rank 0 waits in a collective (a stuck peer)
         lambda c: c.subject == "row_parallel" and c.divergence is not None and bool(c.divergence.raises)
         and c["zero"] == 3 and c["dtype"] == "fp32",

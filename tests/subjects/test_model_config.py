@@ -10,7 +10,7 @@ from references.model_config import MODEL_CONFIGS, hf_like_config, text_kv_heads
 
 REPRO = "ci/repro/deepspeed_kv_head_rule_on_lm_head.py"
 CASES = [c for f in ("deepspeed_heads.toml", "deepspeed_tied_heads.toml") for c in load_file(CASES_DIR / f)
-         if c.values.get("model_config", "none") != "none" or c.values.get("head") == "output"]
+         if c.values.optional("model_config", "none") != "none" or c.values.optional("head", None) == "output"]
 
 
 def _values(subject, **axes):

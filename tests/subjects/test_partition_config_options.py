@@ -41,7 +41,7 @@ def test_use_default_specs_sets_only_its_own_key_and_claims_the_same_model():
     assert "preset_model" not in subject.tensor_parallel_config(_values("column_gathered", use_default_specs="unset"))
     claims = {v: subject.claims(_values("column_gathered", use_default_specs=v)) for v in configs}
     assert claims["false"] == claims["unset"] == claims["true"]
-    cases = [c for c in HEADS if c.values.get("use_default_specs", "false") != "false"]
+    cases = [c for c in HEADS if c.values.optional("use_default_specs", "false") != "false"]
     assert {c["use_default_specs"] for c in cases} == {"unset", "true"}
     assert all(c.divergence is None and not c.expect.is_error and c.collectives for c in cases)  # parity, pinned
 

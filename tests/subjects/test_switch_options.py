@@ -79,9 +79,9 @@ def test_clip_key_unset_leaves_the_key_out_and_must_find_the_default():
 
 
 def test_each_switch_case_is_where_deepspeed_reads_the_switch():
-    overlap = [c for c in HEADS if c.values.get("overlap") and c["vocab"] == 35]
+    overlap = [c for c in HEADS if c.values.optional("overlap", None) and c["vocab"] == 35]
     # The rest are the gathered head's empty shard, a known crash of the async backward (overlap_comm_empty_head_shard).
-    empty = [c for c in HEADS if c.values.get("overlap") and c["vocab"] != 35]
+    empty = [c for c in HEADS if c.values.optional("overlap", None) and c["vocab"] != 35]
     assert empty and all(c.subject == "column_gathered" and "cannot reshape" in c.divergence.raises for c in empty)
     assert {c.subject for c in overlap} == {"column_gathered", "vocab_parallel"}
     assert {(c["dtype"], c["zero"], c["tp"], c["bias"]) for c in overlap} == {
@@ -90,12 +90,12 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
     for c in overlap:
         assert c.collectives and not c.expect.is_error
         assert c.divergence is None or (c["dtype"], c["zero"]) == ("bf16", 0)
-    igu = [c for c in HEADS if c.values.get("immediate_grad")]
+    igu = [c for c in HEADS if c.values.optional("immediate_grad", None)]
     assert igu and all((c["dtype"], c["zero"], c["grad_accum"]) == ("bf16", 1, "fp32") for c in igu)  # BF16_Optimizer
-    nochk = [c for c in HEADS if c.values.get("overflow_check") is False]
+    nochk = [c for c in HEADS if c.values.optional("overflow_check", None) is False]
     assert nochk and all(c["dtype"] == "bf16" and c["zero"] in (1, 2) and c["grad_accum"] == "model" for c in nochk)
     assert all(c.divergence is None for c in igu + nochk)
-    master = [c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "model"]
+    master = [c for c in HEADS if c.values.optional("bf16_master", None) and c["grad_accum"] == "model"]
     assert {(c.subject, c["zero"]) for c in master} == {(s, z) for s in ("column_gathered", "vocab_parallel")
                                                          for z in (1, 2, 3)}
     # Only the dtype ZeRO 1/2's safe_get_full_grad hands back may differ: every number is held to plain torch's.
@@ -103,7 +103,7 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
         assert c["dtype"] == "bf16"
         assert (c.divergence is None) if c["zero"] == 3 else tuple(c.divergence.checks) == ("contract[grad]",)
     # With grad_accum fp32, ZeRO 1's BF16_Optimizer drops the switch (documented); ZeRO 2 honours it.
-    dropped = {c["zero"]: c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "fp32"}
+    dropped = {c["zero"]: c for c in HEADS if c.values.optional("bf16_master", None) and c["grad_accum"] == "fp32"}
     assert set(dropped) == {1, 2} and tuple(dropped[2].divergence.checks) == ("contract[grad]",)
     assert {"rank_decisions", "sgd_update"} <= set(dropped[1].divergence.checks)
 

@@ -175,7 +175,7 @@ def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
     # engine.py:1116-1125: vocab_parallel_lm_head unset turns the vocabulary-parallel head on for a tied lm_head /
     # embed_out only; any other name (or false) gets the gathered-column tie fallback.
     cases = [c for c in load_file(CASES / "hf_tp_plan.toml")
-             if c.subject == "tied_plan_head" and c.values.get("second_head", "none") == "none"]
+             if c.subject == "tied_plan_head" and c.values.optional("second_head", "none") == "none"]
     assert {(c["head"], c["vocab_parallel_lm_head"]) for c in cases} == {
         ("output", "unset"), ("output", "false"), ("lm_head", "unset"), ("lm_head", "false")}
     subject = SUBJECTS["tied_plan_head"]
@@ -195,7 +195,7 @@ def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
 def test_two_tied_plan_heads_claim_both_replicated_and_tied():
     # Two qualifying tied heads: engine.py:1163-1177 catches _resolve_vocab_parallel_lm_head's ValueError on the auto
     # path and keeps them replicated; false never tries. Either way both heads stay nn.Linear on the embedding's weight.
-    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.values.get("second_head", "none") != "none"]
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.values.optional("second_head", "none") != "none"]
     assert {(c["vocab_parallel_lm_head"], c["dtype"]) for c in cases} == {("unset", "fp32"), ("false", "fp32"),
                                                                         ("unset", "bf16")}
     subject = SUBJECTS["tied_plan_head"]
