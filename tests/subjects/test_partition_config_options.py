@@ -15,11 +15,9 @@ REJECTS = load_file(CASES_DIR / "deepspeed_rejects.toml")
 
 
 def _values(subject, **axes):
-    from parity.matrix.axes import AXES
-    from parity.matrix.cases import subject_axes
+    from parity.subjects.values import resolve
 
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def _spec_for(partition_config: dict, param: str):
@@ -28,7 +26,7 @@ def _spec_for(partition_config: dict, param: str):
 
 
 def _cases(cases, axis, value):
-    return [c for c in cases if c.values.get(axis) == value]
+    return [c for c in cases if c.values.optional(axis, None) == value]
 
 
 def test_use_default_specs_sets_only_its_own_key_and_claims_the_same_model():

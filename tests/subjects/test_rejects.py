@@ -83,9 +83,9 @@ def test_a_second_inference_engine_runs_on_the_first_ones_ranks_with_its_own_cla
         copies = [reference.get("logits", 0, 0, d, None) for d in range(case.world_size // case.values["tp"])]
         assert all((c == copies[0]).all() for c in copies)
     base = cases[0].values
-    assert "no multiple" in subject.invalid({**base, "tp": 3, "prior_tp": 4})
-    assert "mpu" in subject.invalid({**base, "prior_tp": 4, "tp_source": "mpu"})
-    assert subject.world_size({**base, "prior_tp": 0}) == base["tp"]
+    assert "no multiple" in subject.invalid(base.replace(tp=3, prior_tp=4))
+    assert "mpu" in subject.invalid(base.replace(prior_tp=4, tp_source="mpu"))
+    assert subject.world_size(base.replace(prior_tp=0)) == base["tp"]
 
 
 def test_inference_tp_size_below_the_world_is_a_fresh_group_and_its_documented_crash():
@@ -98,5 +98,5 @@ def test_inference_tp_size_below_the_world_is_a_fresh_group_and_its_documented_c
     assert case.divergence.raises.startswith("AssertionError: AutoTP shard sizes")
     reference = subject.reference(case.values)
     assert (reference.get("logits", 0, 0, 0, None) == reference.get("logits", 0, 0, 1, None)).all()
-    assert subject.invalid({**case.values, "prior_tp": 4})
-    assert subject.invalid({**case.values, "tp_source": "mpu"})
+    assert subject.invalid(case.values.replace(prior_tp=4))
+    assert subject.invalid(case.values.replace(tp_source="mpu"))

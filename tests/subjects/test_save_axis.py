@@ -4,15 +4,15 @@ from types import SimpleNamespace
 
 from parity.explore.domains import HELD_AXES
 from parity.matrix.axes import AXES
-from parity.matrix.cases import load, subject_axes
+from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 SAVING = ("column_gathered", "vocab_parallel", "row_parallel", "tied_row_parallel", "tied_vocab_parallel")
 
 
 def _values(subject, **axes):
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def test_the_engine_heads_have_it_quiet_at_none():

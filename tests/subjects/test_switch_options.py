@@ -18,11 +18,10 @@ OVERLAP_ID = DEFAULT_ID + "-ovl"
 
 
 def _values(subject, **axes):
-    from parity.matrix.axes import AXES
-    from parity.matrix.cases import subject_axes
+    from parity.subjects.values import resolve
 
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, "dtype": "fp32", "zero": 0, "tp": 2, "vocab": 35, "backend": "torch", **axes}
+    common = {"dtype": "fp32", "zero": 0, "tp": 2, "vocab": 35, "backend": "torch"}
+    return resolve(SUBJECTS[subject], {**{a: v for a, v in common.items() if a in SUBJECTS[subject].axes}, **axes})
 
 
 @pytest.mark.parametrize("subject", ["column_gathered", "vocab_parallel"])
@@ -44,13 +43,13 @@ def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
     subject = SUBJECTS["column_gathered"]
     bf16 = _values("column_gathered", dtype="bf16", zero=1, grad_accum="fp32")
     assert subject.ds_config(bf16, TRAIN)["bf16"] == {"enabled": True}
-    igu = {**bf16, "immediate_grad": True}
+    igu = bf16.replace(immediate_grad=True)
     assert subject.ds_config(igu, TRAIN)["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert subject.decided(igu) == {"optimizer": "BF16_Optimizer", "immediate_grad_update": True,
                                     "grad_acc_hooks": True, "tp_overlap_comm": False,
                                     "column_function": "ColumnParallel", "torch_autocast": None,
                                     "gradient_clipping": 0.0}
-    nochk = {**bf16, "grad_accum": "model", "overflow_check": False}
+    nochk = bf16.replace(grad_accum="model", overflow_check=False)
     assert subject.ds_config(nochk, TRAIN)["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)
 
