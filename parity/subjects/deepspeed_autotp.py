@@ -318,7 +318,7 @@ def exclude_engine_reduction(engine) -> None:
 def engine_dtype_requirements(values: dict) -> list[str]:
     """DeepSpeed's engines (training and inference) check the accelerator's dtypes before anything
     runs; on CPU, fp16 is offered only where oneDNN has it."""
-    return ["cpu_fp16"] if values.optional("device", "cpu") == "cpu" and values.optional("dtype", None) == "fp16" else []
+    return ["cpu_fp16"] if values["device"] == "cpu" and values["dtype"] == "fp16" else []
 
 
 class _RecordingFunction:
@@ -433,7 +433,7 @@ def switch_decisions(values: dict) -> dict:
     if values.optional("keep_on_host", False):
         # The switch reached the layer class, and the engine still trains the head on the case's device.
         found["keep_module_on_host"] = True
-        found["head_device"] = values.optional("device", "cpu")
+        found["head_device"] = values["device"]
     return found
 
 
@@ -884,7 +884,7 @@ def expected_ce_backend(values: dict) -> str:
     anything else falls back to torch on every rank alike. Not from AutoTP's kv-head split: where that
     makes a head's shards uneven that the near-even layout keeps equal, the torch fallback is part of a
     known divergence (cases/deepspeed_heads.toml, model_config), not what the user asked for."""
-    triton = values.optional("device", None) == "cuda" or values.optional("triton", None) == "claimed"
+    triton = values["device"] == "cuda" or values.optional("triton", None) == "claimed"
     if values["backend"] != "liger" or not triton:
         return "torch"
     sizes = shard_sizes(values["vocab"], values["tp"], values.optional("grain", 1))

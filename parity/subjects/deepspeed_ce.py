@@ -35,12 +35,12 @@ def global_vocab_size(values: dict) -> int | None:
     DeepSpeed trusts a passed value (it skips the validation): it feeds the target range check and the Liger
     gate's equal-shard test (sequence/cross_entropy.py:236-258)."""
     vocab = values["vocab"]
-    return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values.optional("global_vocab", "unset")]
+    return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values["global_vocab"]]
 
 
 def autocast_dtype(values: dict):
     """The torch.autocast dtype a case's ``autocast`` axis names, or None (off)."""
-    autocast = values.optional("autocast", "off")
+    autocast = values["autocast"]
     return None if autocast == "off" else DTYPES[autocast]
 
 
@@ -51,7 +51,7 @@ def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
 
 def sequence_group(ctx, values):
     """The sp_group a case passes: None without sequence parallelism (DeepSpeed's default), else this rank's."""
-    return sp_group(ctx, values["tp"], values["sp"]) if values.optional("sp", 1) > 1 else None
+    return sp_group(ctx, values["tp"], values["sp"]) if values["sp"] > 1 else None
 
 
 class DeepSpeedVocabParallelCE(LogitsCE):

@@ -59,4 +59,4 @@ class EmbeddingSpecHead(ColumnGatheredHead):
 
 def vocab_sharded(values: dict) -> bool:
     """partition_config.embedding_partition_dim 0: the embedding split along its vocabulary rows."""
-    return values.optional("embedding_dim", "unset") == 0
+    return values["embedding_dim"] == 0

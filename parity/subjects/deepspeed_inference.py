@@ -36,7 +36,7 @@ def expected_all_reduce(values: dict) -> str:
     inference_all_reduce), computed from the CPU's own flags."""
     from parity.observe.capabilities import cpu_flags
 
-    if values.optional("allreduce", "torch") == "shm" and SHM_ISA[values["dtype"]] in cpu_flags():
+    if values["allreduce"] == "shm" and SHM_ISA[values["dtype"]] in cpu_flags():
         return "shm"
     return TORCH_ALL_REDUCE
 

@@ -20,7 +20,7 @@ SHARED = (("lm_head.weight", "embed_tokens.weight"),)
 
 
 def embed_specs(values: dict) -> list:
-    kind = values.optional("embed_spec", "none")
+    kind = values["embed_spec"]
     return [] if kind == "none" else [{"patterns": [r"embed_tokens\.weight$"], "partition_type": kind}]
 
 
