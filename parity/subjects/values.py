@@ -65,6 +65,9 @@ class CaseValues(Mapping):
     def __repr__(self):
         return f"CaseValues({self._subject!r}, {self._values!r})"
 
+    def __str__(self):  # as the plain dict printed before (rank logs: "=== case N: subject {...}")
+        return str(self._values)
+
     def get(self, axis, default=None):
         raise TypeError(f"CaseValues.get({axis!r}, ...) would restate a default: read a declared axis as "
                         f"values[{axis!r}], or one the subject may not declare as values.optional({axis!r}, absent)")
