@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
     ("references",),
     ("parity.observe",),
-    ("parity.subjects", "parity.mutation.catalog", "parity.matrix.axes"),  # axes: pure data the case values resolve from
+    # parity.matrix.axes: pure data, the registry the subjects' case values resolve their defaults from
+    ("parity.subjects", "parity.mutation.catalog", "parity.matrix.axes"),
     ("parity.matrix",),
     ("parity.checks",),
     ("parity.harness",),

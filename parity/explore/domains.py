@@ -146,7 +146,8 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
         # ZeRO 2 and 3's reduce-scatter refuses DP pre-scaling (an assert at optimizer construction).
         return ("DP gradient pre-scaling under ZeRO 2/3 (DeepSpeed refuses it: ds_reject zero2_prescale, "
                 "zero2_predivide)")
-    if values.optional("zero", 0) == 0 and values.optional("grad_accum", "model") == "fp32" and values.optional("dtype", None) != "fp32":
+    if (values.optional("zero", 0) == 0 and values.optional("grad_accum", "model") == "fp32"
+            and values.optional("dtype", None) != "fp32"):
         # Without ZeRO, DeepSpeed refuses low-precision weights with float32 gradient accumulation.
         return ("bf16/fp16 weights with float32 gradient accumulation without ZeRO (DeepSpeed refuses the mix: "
                 "ds_reject zero0_bf16_fp32_accum)")

@@ -139,8 +139,10 @@ class Subject(ABC):
     def model_spec(self, values: dict) -> ModelSpec:
         return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.optional("bias", True),
                          head_name=values.optional("head", "lm_head"), tied=values.optional("tied", False),
-                         reduction=values.optional("reduction", "mean"), ignore_index=values.optional("ignore_index", -100),
-                         label_smoothing=values.optional("label_smoothing", 0.0), labels_form=values.optional("labels", "labels"))
+                         reduction=values.optional("reduction", "mean"),
+                         ignore_index=values.optional("ignore_index", -100),
+                         label_smoothing=values.optional("label_smoothing", 0.0),
+                         labels_form=values.optional("labels", "labels"))
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""
@@ -166,7 +168,8 @@ class Subject(ABC):
     def training_spec(self, values: dict) -> TrainingSpec:
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values["gas"],
                             ignore=values.optional("ignore", "scattered"),
-                            dp=values.optional("dp", 1), clip=values.optional("clip", 0.0), pad_token=padding_index(values))
+                            dp=values.optional("dp", 1), clip=values.optional("clip", 0.0),
+                            pad_token=padding_index(values))
 
     @abstractmethod
     def claims(self, values: dict) -> Claims:

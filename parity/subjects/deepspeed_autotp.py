@@ -707,8 +707,8 @@ class EngineHead(Subject):
                                               config=config)
             try:
                 record_structure(obs, model, self.claims(values))
-                obs.facts["rank_decisions"] = {**rank_decisions(engine, attribute(model, values.optional("head", "lm_head"))),
-                                               **merged_tp_model_init(values, config)}
+                head = attribute(model, values.optional("head", "lm_head"))
+                obs.facts["rank_decisions"] = {**rank_decisions(engine, head), **merged_tp_model_init(values, config)}
                 captured = {}
                 self.capture_head_input(model, captured)
                 exclude_engine_reduction(engine)

@@ -65,9 +65,11 @@ class LogitsCE(NoModel, Subject):
                             DTYPES[values["dtype"]], compute_dtype,
                             self.ignore_index(values), reduction=values.optional("reduction", "none"),
                             backward=values.optional("backward", "once"), measure=self.measure,
-                            label_smoothing=values.optional("label_smoothing", 0.0), sequence_parts=values.optional("sp", 1),
+                            label_smoothing=values.optional("label_smoothing", 0.0),
+                            sequence_parts=values.optional("sp", 1),
                             uneven_chunks=values.optional("sp_chunks", "equal") == "uneven",
-                            gathered=values.optional("seq_gather", False), inf_rows=values.optional("inf_rows", "none"))
+                            gathered=values.optional("seq_gather", False),
+                            inf_rows=values.optional("inf_rows", "none"))
 
     def invalid(self, values):
         sp = values.optional("sp", 1)
@@ -105,8 +107,9 @@ class LogitsCE(NoModel, Subject):
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part = self.block(vocab, tp, tp_rank)
         seed = case_seed(SEED, values)
-        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.optional("ignore", "none"), DTYPES[values["dtype"]],
-                                              self.ignore_index(values), values.optional("inf_rows", "none"))
+        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.optional("ignore", "none"),
+                                              DTYPES[values["dtype"]], self.ignore_index(values),
+                                              values.optional("inf_rows", "none"))
         if values.optional("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
         elif values.optional("targets", "valid") == "minus100":
