@@ -101,7 +101,7 @@ def measure_case(case, outcome, references=None) -> dict:
     explained = [c for c in baseline if not c.passed and case.divergence is not None and case.divergence.covers(c.name)]
     unexplained = [c for c in baseline if not c.passed and c not in explained]
     ratios = [c.ratio for c in baseline if c.ratio is not None and c.bound and c.passed]
-    entry = {"id": case.id, "subject": case.subject, "dtype": values.get("dtype"),
+    entry = {"id": case.id, "subject": case.subject, "dtype": values.optional("dtype", None),
              "baseline_failed": sorted(c.name for c in unexplained),
              "divergence_failed": sorted({c.name for c in explained}),
              "baseline_worst_ratio": max(ratios) if ratios else None, "thresholds": {}}
@@ -111,7 +111,7 @@ def measure_case(case, outcome, references=None) -> dict:
     claims = subject.claims(values)
 
     def judge(observable, mode, eps):
-        perturbed = perturb.perturb(outcome.observations, rank, observable, mode, eps, claims, values.get("tp", 1))
+        perturbed = perturb.perturb(outcome.observations, rank, observable, mode, eps, claims, values.optional("tp", 1))
         return compare(subject, values, perturbed, reference, oracle, collectives)
 
     for observable in perturb.OBSERVABLES:
@@ -188,7 +188,7 @@ def cmd_sensitivity(args) -> int:
                 skipped.append({"id": case.id, "reason": reason})
                 print(f"skip {case.id}: {reason}", flush=True)
                 continue
-            outcome = runner.pool(case.world_size, case.values.get("device", "cpu")).run(
+            outcome = runner.pool(case.world_size, case.values.optional("device", "cpu")).run(
                 case.subject, case.values, args.timeout)
             if outcome.errors:
                 first = min(outcome.errors)

@@ -235,8 +235,8 @@ class Coordinator:
                         getattr(self.args, "framework", None))
         seeds = seed_list(getattr(self.args, "seed", None), getattr(self.args, "seeds", None))
         for case in chosen if seeds is None else at_seeds(chosen, seeds):
-            if case.values.get("device", "cpu") != self.device:
-                why = f"needs --device {case.values.get('device', 'cpu')} (this launch runs {self.device} ranks)"
+            if case.values.optional("device", "cpu") != self.device:
+                why = f"needs --device {case.values.optional('device', 'cpu')} (this launch runs {self.device} ranks)"
             elif case.world_size != world_size:
                 why = (f"needs world {case.world_size} (this launch has {world_size} ranks): launch {case.world_size} "
                        f"processes in all, e.g. torchrun --nproc-per-node {case.world_size}")

@@ -82,9 +82,9 @@ class Comparison:
         # The dtype the reference's stages compute in: under autocast (references/trajectory.py) the head's
         # Linear, forward and backward, runs in the autocast dtype on the fp32 model, so a stage reference
         # at the case dtype would hold the subject to fp32 arithmetic plain torch does not do.
-        self.stage_dtype = values["dtype"] if values.get("autocast", "off") == "off" else values["autocast"]
-        self.tp = values.get("tp", 1)
-        self.grain = values.get("grain", 1)
+        self.stage_dtype = values["dtype"] if values.optional("autocast", "off") == "off" else values["autocast"]
+        self.tp = values.optional("tp", 1)
+        self.grain = values.optional("grain", 1)
         self.split = self.claims.split
         self.checks: list[Check] = []
         self._sampled = None  # the rounding samples (parity/checks/rounding.py), taken when first needed
@@ -955,7 +955,7 @@ class Comparison:
         model's state_dict: the same keys (a tie keeps both names, as torch's state_dict does), each in the model
         dtype and equal bitwise to the final weight the TP group holds, shards concatenated in rank order (no
         padding, no reordering, no shard twice); and so within the weight bound of the reference's final weight."""
-        if self.values.get("save", "none") == "none":
+        if self.values.optional("save", "none") == "none":
             return
         last = self.train.steps - 1
         saver = self.obs.get(0)

@@ -90,6 +90,6 @@ def repro_env(case: Case, settings: RunSettings) -> dict:
     """The variables that decide what a case runs, as the run that ran it had them (its settings'
     subject modules and mutant: the mutation check's runners each carry their own mutant)."""
     env = settings.repro_env()
-    if case.values.get("device") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+    if case.values.optional("device", "cpu") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     return env

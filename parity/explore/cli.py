@@ -110,7 +110,7 @@ def cmd_explore(args) -> int:
                    "unconfirmed": [{"id": u.verdict.case.id, "first_failure": u.verdict.first_failure,
                                     "seeds": u.seeds, "failed_seeds": u.failed_seeds} for u in result.unconfirmed],
                    "failure": None if result.failure is None else {
-                       "id": result.failure.case.id, "axes": result.failure.case.values,
+                       "id": result.failure.case.id, "axes": dict(result.failure.case.values),
                        "first_failure": result.failure.first_failure}}
         with open(os.path.join(args.report, "explore.json"), "w") as f:
             json.dump(summary, f, indent=1, default=str)

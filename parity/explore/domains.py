@@ -16,6 +16,7 @@ from parity.matrix.axes import AXES
 from parity.matrix.cases import Case, expand_matrix
 from parity.observe.partition import shard_sizes
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 # Integer axes accept any integer >= their minimum; the search draws from these ranges.
 #  vocab 2..300, tp 2..8: the issue's domains (tp is further capped by --max-world, the CPU ranks
@@ -124,6 +125,7 @@ def points(draw, subjects: list[str], max_world: int):
 def not_a_case(name: str, values: dict, max_world: int) -> str | None:
     """Why a drawn point is not a case this machine should run (None: it is). Counted, never run."""
     subject = SUBJECTS[name]
+    values = resolve(subject, values)  # the drawn axes, the rest at their defaults, as the case will have them
     if subject.world_size(values) > max_world:
         return f"world {subject.world_size(values)} > --max-world {max_world}"
     if subject.invalid(values):
@@ -132,19 +134,20 @@ def not_a_case(name: str, values: dict, max_world: int) -> str | None:
     vocab_sharded = not claims.param_shards or 0 in claims.param_shards.values()
     # The gathered column head (LinearLayer) takes a (0, hidden) shard and trains (cases/deepspeed_heads.toml, vocab 3
     # over tp 4): only the vocabulary-parallel head and CE refuse one, so its empty splits are cases to draw.
-    gathered_head = claims.module_types.get(values.get("head", "lm_head")) == "LinearLayer"
+    gathered_head = claims.module_types.get(values.optional("head", "lm_head")) == "LinearLayer"
     if (claims.split == "near_even" and vocab_sharded and not gathered_head
-            and min(shard_sizes(values["vocab"], values["tp"], values.get("grain", 1))) == 0):
+            and min(shard_sizes(values["vocab"], values["tp"], values.optional("grain", 1))) == 0):
         # DeepSpeed refuses an empty vocabulary shard by design (ds_reject vocab_empty_shard / ce_empty_shard).
         return "an empty vocabulary shard (DeepSpeed refuses it: ds_reject vocab_empty_shard, ce_empty_shard)"
     why = empty_shard_at_save(subject, values)
     if why:
         return why
-    if values.get("zero", 0) >= 2 and values.get("dp_reduce", "average") in ("prescale", "predivide2"):
+    if values.optional("zero", 0) >= 2 and values.optional("dp_reduce", "average") in ("prescale", "predivide2"):
         # ZeRO 2 and 3's reduce-scatter refuses DP pre-scaling (an assert at optimizer construction).
         return ("DP gradient pre-scaling under ZeRO 2/3 (DeepSpeed refuses it: ds_reject zero2_prescale, "
                 "zero2_predivide)")
-    if values.get("zero", 0) == 0 and values.get("grad_accum", "model") == "fp32" and values.get("dtype") != "fp32":
+    if (values.optional("zero", 0) == 0 and values.optional("grad_accum", "model") == "fp32"
+            and values.optional("dtype", None) != "fp32"):
         # Without ZeRO, DeepSpeed refuses low-precision weights with float32 gradient accumulation.
         return ("bf16/fp16 weights with float32 gradient accumulation without ZeRO (DeepSpeed refuses the mix: "
                 "ds_reject zero0_bf16_fp32_accum)")
@@ -160,11 +163,11 @@ def empty_shard_at_save(subject, values: dict) -> str | None:
     """The uc_* subjects train first at save_tp: a vocabulary-parallel head (VocabParallelLinear) that save_tp leaves an
     empty shard is refused by the saving engine's initialize, the same refusal as at tp (ds_reject vocab_empty_shard).
     The other heads accept it and are cases (cases/deepspeed_universal.toml: ds_to_universal's crash)."""
-    save_tp = values.get("save_tp")
+    save_tp = values.optional("save_tp", None)
     if save_tp is None:
         return None
-    claims = subject.claims({**values, "tp": save_tp})
-    head = values.get("head", "lm_head")
+    claims = subject.claims(values.replace(tp=save_tp))
+    head = values.optional("head", "lm_head")
     if claims.module_types.get(head) == "VocabParallelLinear" and min(shard_sizes(values["vocab"], save_tp, 1)) == 0:
         return (f"an empty vocabulary shard at save_tp {save_tp} (the saving engine's initialize refuses it: ds_reject "
                 "vocab_empty_shard)")
@@ -174,15 +177,15 @@ def empty_shard_at_save(subject, values: dict) -> str | None:
 def bf16_switch_off_its_reader(values: dict) -> str | None:
     """A bf16 switch drawn where no DeepSpeed optimizer reads it (its case would assert a decision nothing makes), or
     where it is a documented refusal or divergence (cases/deepspeed_heads.toml)."""
-    bf16, zero = values.get("dtype") == "bf16", values.get("zero", 0)
-    bf16_optimizer = bf16 and zero == 1 and values.get("grad_accum", "model") == "fp32"
-    if values.get("immediate_grad", False) and not bf16_optimizer:
+    bf16, zero = values.optional("dtype", None) == "bf16", values.optional("zero", 0)
+    bf16_optimizer = bf16 and zero == 1 and values.optional("grad_accum", "model") == "fp32"
+    if values.optional("immediate_grad", False) and not bf16_optimizer:
         return "bf16.immediate_grad_update off BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32), its only reader"
-    if values.get("overflow_check", True) is False and not (bf16 and zero in (1, 2) and not bf16_optimizer):
+    if values.optional("overflow_check", True) is False and not (bf16 and zero in (1, 2) and not bf16_optimizer):
         return "bf16.check_grad_overflow off the bf16 ZeRO 1/2 optimizer, its only reader"
-    if values.get("bf16_master", False) and not (bf16 and zero in (1, 2, 3)):
+    if values.optional("bf16_master", False) and not (bf16 and zero in (1, 2, 3)):
         return "bf16_master_weights_and_grads without bf16 or without ZeRO (config.py refuses ZeRO 0)"
-    if values.get("bf16_master", False) and bf16_optimizer:
+    if values.optional("bf16_master", False) and bf16_optimizer:
         return "bf16_master_weights_and_grads under BF16_Optimizer: a documented divergence (the switch is dropped)"
     return None
 

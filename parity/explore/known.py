@@ -72,7 +72,7 @@ def uneven_vocab(case: Case) -> bool:
     """Whether the case's vocabulary shards differ in size, by the suite's formula and the subject's split."""
     values = case.values
     split = SUBJECTS[case.subject].claims(values).split
-    return len(set(split_sizes(values["vocab"], values["tp"], values.get("grain", 1), split))) > 1
+    return len(set(split_sizes(values["vocab"], values["tp"], values.optional("grain", 1), split))) > 1
 
 
 def marks(paths=None) -> list[Mark]:
@@ -91,7 +91,7 @@ def marks(paths=None) -> list[Mark]:
             for entry in raw if isinstance(raw, list) else [raw]:
                 scope = {a: v if isinstance(v, list) else [v] for a, v in (entry.get("where") or {}).items()}
                 first = next((c for c in cases if c.divergence is not None
-                              and all(c.values.get(a) in v for a, v in scope.items())), None)
+                              and all(c.values[a] in v for a, v in scope.items())), None)
                 if first is None:
                     continue
                 # The entry's own mark, not the first case's: a case under several marks has them merged,

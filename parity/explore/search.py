@@ -122,7 +122,7 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
         skipped = skip_verdict(case, strict=False)
         if skipped:
             return skipped
-        key = (case.world_size, case.values.get("device", "cpu"))
+        key = (case.world_size, case.values.optional("device", "cpu"))
         pool = runner.pool(*key)
         try:
             outcome = pool.run(case.subject, case.values, runner.timeout_s)
@@ -162,7 +162,7 @@ def run_case(runner: Runner, case, marks: Marks) -> Verdict:
 def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unconfirmed | None:
     """The case at CONFIRM_SEEDS other seeds, each verdict handed to record: None where more than half
     of them fail too (a failure), else the miss as Unconfirmed."""
-    own = case.values.get("seed", 0)
+    own = case.values["seed"]
     seeds = list(range(own + 1, own + 1 + CONFIRM_SEEDS))
     failed = []
     for s in seeds:

@@ -72,7 +72,7 @@ def batches(cases) -> list[list[tuple[int, object]]]:
     grouped: dict = {}
     for index, case in enumerate(cases):
         key = None if case.expect.is_error else SUBJECTS[case.subject].reference_key(case.values)
-        slot = (case.world_size, case.values.get("device", "cpu"), repr(key)) if key is not None else ("one", index)
+        slot = (case.world_size, case.values.optional("device", "cpu"), repr(key)) if key is not None else ("one", index)
         grouped.setdefault(slot, []).append((index, case))
     return list(grouped.values())
 
@@ -116,7 +116,7 @@ def warm_settings(cases) -> dict:
     from parity.observe import capabilities
     from parity.subjects import SUBJECTS
 
-    cuda = any(c.values.get("device", "cpu") == "cuda" for c in cases) and capabilities.missing("cuda") is None
+    cuda = any(c.values.optional("device", "cpu") == "cuda" for c in cases) and capabilities.missing("cuda") is None
     imports = sorted({m for c in cases for m in SUBJECTS[c.subject].reference_imports})
     return {"warm_device": None if cuda else "cpu", "warm_imports": imports}
 
@@ -254,7 +254,7 @@ class JobProcesses:
             self.head_passed = self.head_passed + 1 if fits else 0
             batch = pending[fits]
             del pending[fits]
-            world, device = batch[0][1].world_size, batch[0][1].values.get("device", "cpu")
+            world, device = batch[0][1].world_size, batch[0][1].values.optional("device", "cpu")
             warm = [job for job in idle if (world, device) in job.live]
             job = warm[0] if warm else min(idle, key=lambda j: sum(len(p) for p in j.live.values()))
             job.batch = {index: case for index, case in batch}

@@ -201,7 +201,7 @@ class Runner:
         skipped = skip_verdict(case, self.strict)
         if skipped:
             return skipped
-        pool = self.pool(case.world_size, case.values.get("device", "cpu"))
+        pool = self.pool(case.world_size, case.values.optional("device", "cpu"))
         # The reference is computed while the ranks run the case: it depends on the case alone,
         # and a reference that raises raises again where the judge asks for it, as it did inline.
         reference = None

@@ -59,9 +59,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity.matrix.axes import AXES, UNIVERSAL_AXES
+from parity.matrix.axes import AXES
 from parity.settings import CASES_DIR_VAR, RunSettings
 from parity.subjects import SUBJECTS
+from parity.subjects.values import CaseValues, resolve, subject_axes  # noqa: F401 (subject_axes: re-exported)
 
 MATRIX_KEYS = ("subject", "description", "markers", "axes", "exclude", "only", "expect", "known_divergence",
                "collectives")
@@ -151,19 +152,20 @@ class Case:
     divergence: KnownDivergence | None = None
     collectives: tuple = ()  # ((kind or "kind@N", count), ...) per micro-batch, from [matrix.collectives]
 
-    @property
-    def values(self) -> dict:
-        return dict(self.axes)
+    @functools.cached_property
+    def values(self) -> CaseValues:
+        """Resolved once per case: what the harness, the checks and the rank processes hand the subject."""
+        return resolve(SUBJECTS[self.subject], dict(self.axes))
 
     def __getitem__(self, axis: str):
-        return dict(self.axes)[axis]
+        return self.values[axis]
 
     @property
     def world_size(self) -> int:
         return SUBJECTS[self.subject].world_size(self.values)
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "subject": self.subject, "axes": self.values, "source": self.source,
+        return {"id": self.id, "subject": self.subject, "axes": dict(self.values), "source": self.source,
                 "expect": {"error": self.expect.error, "match": self.expect.match} if self.expect.is_error
                 else "parity", "markers": list(self.markers),
                 "known_divergence": None if self.divergence is None else {
@@ -171,11 +173,6 @@ class Case:
                     "reason": self.divergence.reason, "repro": self.divergence.repro,
                     "checks": list(self.divergence.checks), "raises": self.divergence.raises or None},
                 "collectives": {k: dict(v) if k == "first" else v for k, v in self.collectives} or None}
-
-
-def subject_axes(subject) -> dict:
-    """The axes a subject's cases vary: its own, in its order, then the universal ones (seed)."""
-    return {**subject.axes, **{a: None for a in UNIVERSAL_AXES if a not in subject.axes}}
 
 
 def case_id(subject: str, values: dict) -> str:
@@ -291,7 +288,7 @@ def expand_matrix(path, index: int, table: dict) -> list[Case]:
 
     cases = []
     for combo in itertools.product(*choices.values()):
-        values = dict(zip(choices, combo))
+        values = resolve(subject, dict(zip(choices, combo)))
         if any(_matches(r, values) for r in excludes):
             continue
         if onlys is not None and not any(_matches(r, values) for r in onlys):
@@ -574,7 +571,7 @@ def at_seed(case: Case, seed: int) -> Case:
     rebuilt from it (seed 0, the default, keeps the id the case file gives)."""
     if not AXES["seed"].accepts(seed):
         raise SelectionError(f"bad seed {seed!r}: {AXES['seed'].allowed()}")
-    values = {**case.values, "seed": seed}
+    values = case.values.replace(seed=seed)
     return dataclasses.replace(case, id=case_id(case.subject, values), axes=tuple(values.items()))
 
 
@@ -589,7 +586,7 @@ def _seeded_case(by_id: dict, case_id_: str) -> Case | None:
     seed label comes last, the seed axis being universal), so a seeded failure's reproducer
     `parity run --case ID-seedN` works without --seed."""
     base, sep, seed = case_id_.rpartition("-seed")
-    if sep and seed.isdigit() and base in by_id and by_id[base].values.get("seed", 0) == 0:
+    if sep and seed.isdigit() and base in by_id and by_id[base].values["seed"] == 0:
         return at_seed(by_id[base], int(seed))
     return None
 
@@ -609,7 +606,7 @@ def select(cases, keyword: str | None, case_ids: list[str] | None, device: str |
     """The cases a command line picks: by device and framework, then exact ids (in the order given) or a -k
     expression. Shared by `parity list/run`, the torchrun launcher and pytest-free tools, so they all agree."""
     if device:
-        cases = [c for c in cases if c.values.get("device", "cpu") == device]
+        cases = [c for c in cases if c.values.optional("device", "cpu") == device]
     if framework:
         from parity.subjects import FRAMEWORKS, SUBJECTS
 

@@ -33,7 +33,7 @@ def feature(case) -> str | None:
     from parity.subjects import SUBJECTS
 
     found = SUBJECTS[case.subject].feature
-    if found == EMBED and case.values.get("tied"):
+    if found == EMBED and case.values.optional("tied", False):
         return TIED
     return found
 

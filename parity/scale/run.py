@@ -129,11 +129,15 @@ def spawn(cases: list, out_dir: Path, timeout_s: float, world: int = 2) -> tuple
 def judge(case: dict, ranks: list[dict] | None) -> dict:
     """A case passes when it ran on every rank, every stage row passed on every rank, and the CE
     backend that ran is the one DeepSpeed's gate must pick (none for the subjects with their own CE)."""
+    from parity.subjects import SUBJECTS
     from parity.subjects.deepspeed_autotp import expected_ce_backend
+    from parity.subjects.values import resolve
 
     if not ranks or len(ranks) != case["tp"]:
         return {"verdict": "failed", "why": "did not finish on every rank"}
-    expected = ([expected_ce_backend({**case, "grain": 1})] if case["subject"] == "vocab_parallel" else [])
+    expected = ([expected_ce_backend(resolve(SUBJECTS["vocab_parallel"], {a: case[a] for a in ("backend", "device", "vocab",
+                                                                                          "tp")}))]
+                if case["subject"] == "vocab_parallel" else [])
     why = []
     for r in ranks:
         if r["facts"]["loss_backend"] != expected:

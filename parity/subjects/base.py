@@ -28,12 +28,12 @@ NAMED_HEADS = ("lm_head", "embed_out", "model.lm_head")
 
 def case_seed(base: int, values: dict) -> int:
     """The seed a case's model and data are drawn from: ``base`` moved by its seed axis."""
-    return base + SEED_STRIDE * values.get("seed", 0)
+    return base + SEED_STRIDE * values["seed"]
 
 
 def padding_index(values: dict) -> int | None:
     """The embedding's padding_idx a case's ``padding`` axis names (none, token 0, token vocab-1)."""
-    return {"none": None, "first": 0, "last": values["vocab"] - 1}[values.get("padding", "none")]
+    return {"none": None, "first": 0, "last": values["vocab"] - 1}[values.optional("padding", "none")]
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Subject(ABC):
     refuses_uneven_vocab: str = ""
 
     def world_size(self, values: dict) -> int:
-        return values.get("tp", 1) * values.get("dp", 1) * values.get("sp", 1)
+        return values["tp"] * values.optional("dp", 1) * values.optional("sp", 1)
 
     def invalid(self, values: dict) -> str | None:
         """Why these axis values make no case of this subject (a case file naming them is refused with it), or
@@ -124,15 +124,15 @@ class Subject(ABC):
         return {}
 
     def markers(self, values: dict) -> list[str]:
-        device = values.get("device", "cpu")
+        device = values["device"]
         found = ["gpu" if device == "cuda" else "cpu", f"world{self.world_size(values)}"]
-        if values.get("backend") == "liger":
+        if values.optional("backend", None) == "liger":
             found.append("liger")
         return found
 
     def requires(self, values: dict) -> list[str]:
         """The machine capabilities (parity.observe.capabilities) this case needs to run here at all."""
-        return list(self.capabilities) + (["cuda"] if values.get("device") == "cuda" else [])
+        return list(self.capabilities) + (["cuda"] if values["device"] == "cuda" else [])
 
     def unavailable_reason(self, values: dict) -> str | None:
         """Checked in the parent before a case runs; a reason makes the case a (reported) skip."""
@@ -141,17 +141,19 @@ class Subject(ABC):
         return unavailable_reason(self.requires(values))
 
     def model_spec(self, values: dict) -> ModelSpec:
-        return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.get("bias", True),
-                         head_name=values.get("head", "lm_head"), tied=values.get("tied", False),
-                         reduction=values.get("reduction", "mean"), ignore_index=values.get("ignore_index", -100),
-                         label_smoothing=values.get("label_smoothing", 0.0), labels_form=values.get("labels", "labels"))
+        return ModelSpec(vocab=values["vocab"], hidden=values["hidden"], bias=values.optional("bias", True),
+                         head_name=values.optional("head", "lm_head"), tied=values.optional("tied", False),
+                         reduction=values.optional("reduction", "mean"),
+                         ignore_index=values.optional("ignore_index", -100),
+                         label_smoothing=values.optional("label_smoothing", 0.0),
+                         labels_form=values.optional("labels", "labels"))
 
     def reference(self, values: dict, compute_dtype=None):
         """The unsharded reference at the case dtype, or at ``compute_dtype`` (float64: the oracle)."""
         from parity.observe.dtypes import DTYPES
         from references.trajectory import train_reference
 
-        autocast = values.get("autocast", "off")
+        autocast = values.optional("autocast", "off")
         return train_reference(self.model_spec(values), self.training_spec(values), DTYPES[values["dtype"]],
                                compute_dtype, autocast=None if autocast == "off" else DTYPES[autocast])
 
@@ -162,15 +164,16 @@ class Subject(ABC):
         reference can never be handed another case's numbers by accident."""
         if type(self).reference is not Subject.reference:
             return None
-        autocast = values.get("autocast", "off")
+        autocast = values.optional("autocast", "off")
         # Only a case with autocast on carries it: every other key (and the disk cache's entries) stays as it was.
         return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"],
                 *(() if autocast == "off" else (("autocast", autocast),)))
 
     def training_spec(self, values: dict) -> TrainingSpec:
-        return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values.get("gas", 2),
-                            ignore=values.get("ignore", "scattered"),
-                            dp=values.get("dp", 1), clip=values.get("clip", 0.0), pad_token=padding_index(values))
+        return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), micro_batches=values["gas"],
+                            ignore=values.optional("ignore", "scattered"),
+                            dp=values.optional("dp", 1), clip=values.optional("clip", 0.0),
+                            pad_token=padding_index(values))
 
     @abstractmethod
     def claims(self, values: dict) -> Claims:
@@ -196,3 +199,11 @@ class Subject(ABC):
     def reset_process_state(self, ctx: RankContext) -> dict:
         """Undo process-global state a previous case may have left; return a snapshot proving it."""
         return {}
+
+
+class NoModel:
+    """Mixin first in the bases of a subject that trains no model (a loss or a call on seeded tensors, no hidden
+    axis): it has no model_spec, and nothing reads one; Subject.model_spec would ask for axes it does not declare."""
+
+    def model_spec(self, values):
+        raise NotImplementedError(f"subject {self.name!r} builds no model: it has no model_spec")

@@ -210,7 +210,7 @@ def rank_decisions(engine, head) -> dict:
 def merged_tp_model_init(values: dict, config: dict) -> dict:
     """model_init = tp_model_init: the autotp_size the config reached the engine with, put back by DeepSpeed's
     merge of tp_model_init's record (merge_tp_model_init_into_config fills the config in place)."""
-    if values.get("model_init", "plain") != "tp_model_init":
+    if values.optional("model_init", "plain") != "tp_model_init":
         return {}
     return {"merged_autotp_size": config["tensor_parallel"].get("autotp_size")}
 
@@ -219,7 +219,7 @@ def reports_grad_norm(values: dict) -> bool:
     """DeepSpeed keeps the clipping norm in its optimizer wrappers (fp16/bf16, ZeRO >= 1); a plain
     torch optimizer under ZeRO 0 in fp32 is clipped by clip_fp32_gradients, which returns nothing
     the engine keeps. There the effect of clipping is checked through the weights alone."""
-    return values.get("clip", 0.0) > 0 and not (values["zero"] == 0 and values["dtype"] == "fp32")
+    return values.optional("clip", 0.0) > 0 and not (values["zero"] == 0 and values["dtype"] == "fp32")
 
 
 def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: int) -> None:
@@ -318,7 +318,7 @@ def exclude_engine_reduction(engine) -> None:
 def engine_dtype_requirements(values: dict) -> list[str]:
     """DeepSpeed's engines (training and inference) check the accelerator's dtypes before anything
     runs; on CPU, fp16 is offered only where oneDNN has it."""
-    return ["cpu_fp16"] if values.get("device", "cpu") == "cpu" and values.get("dtype") == "fp16" else []
+    return ["cpu_fp16"] if values["device"] == "cpu" and values["dtype"] == "fp16" else []
 
 
 class _RecordingFunction:
@@ -390,18 +390,18 @@ def use_default_specs(values: dict) -> dict:
     specs to merge (runtime/tensor_parallel/config.py get_partition_config_object), so none may change
     the model: the claims are the same for all three."""
     return {"false": {"use_default_specs": False}, "unset": {},
-            "true": {"use_default_specs": True}}[values.get("use_default_specs", "false")]
+            "true": {"use_default_specs": True}}[values.optional("use_default_specs", "false")]
 
 
 def BF16_SWITCHES(values: dict) -> dict:
     """The bf16 section's switches the case's axes set away from DeepSpeed's defaults (nothing at the defaults,
     so every other bf16 case hands DeepSpeed the config it always did)."""
     found = {}
-    if values.get("immediate_grad", False):
+    if values.optional("immediate_grad", False):
         found["immediate_grad_update"] = True
-    if not values.get("overflow_check", True):
+    if not values.optional("overflow_check", True):
         found["check_grad_overflow"] = False
-    if values.get("bf16_master", False):
+    if values.optional("bf16_master", False):
         # bf16_optimizer_states requires the masters in bf16; the masters alone need ZeRO-Offload + DeepSpeedCPUAdam.
         found.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return found
@@ -409,7 +409,7 @@ def BF16_SWITCHES(values: dict) -> dict:
 
 def clip_left_out(values: dict) -> bool:
     """clip_key "unset": the case writes no gradient_clipping, so DeepSpeed's default applies."""
-    return values.get("clip_key", "set") == "unset"
+    return values.optional("clip_key", "set") == "unset"
 
 
 def switch_decisions(values: dict) -> dict:
@@ -423,17 +423,17 @@ def switch_decisions(values: dict) -> dict:
         # replaces ColumnParallel's identity-forward / all-reduce-backward pair.
         found["tp_overlap_comm"] = overlap
         found["column_function"] = "AsyncColumnParallel" if overlap else "ColumnParallel"
-    if values.get("immediate_grad", False):
+    if values.optional("immediate_grad", False):
         found["immediate_grad_update"] = True
         found["grad_acc_hooks"] = True
-    if not values.get("overflow_check", True):
+    if not values.optional("overflow_check", True):
         found["check_grad_overflow"] = False
-    if values.get("bf16_master", False):
+    if values.optional("bf16_master", False):
         found["master_dtype"] = "torch.bfloat16"
-    if values.get("keep_on_host", False):
+    if values.optional("keep_on_host", False):
         # The switch reached the layer class, and the engine still trains the head on the case's device.
         found["keep_module_on_host"] = True
-        found["head_device"] = values.get("device", "cpu")
+        found["head_device"] = values["device"]
     return found
 
 
@@ -480,21 +480,21 @@ class EngineHead(Subject):
                                   "allgather_bucket_size": 1_000_000},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
-            "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.get("grain", 1)},
-                                **({"tp_overlap_comm": True} if values.get("overlap", False) else {}),
-                                **({"keep_module_on_host": True} if values.get("keep_on_host", False) else {}),
+            "tensor_parallel": {"autotp_size": values["tp"], "tp": {"tp_grain_size": values.optional("grain", 1)},
+                                **({"tp_overlap_comm": True} if values.optional("overlap", False) else {}),
+                                **({"keep_module_on_host": True} if values.optional("keep_on_host", False) else {}),
                                 **self.tensor_parallel_config(values)},
         }
-        cfg.update(DP_REDUCE_CONFIG[values.get("dp_reduce", "average")])
-        if values.get("grad_accum", "model") == "fp32":
+        cfg.update(DP_REDUCE_CONFIG[values.optional("dp_reduce", "average")])
+        if values.optional("grad_accum", "model") == "fp32":
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-        if values.get("autocast", "off") != "off":
+        if values.optional("autocast", "off") != "off":
             cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_CONFIG[values["autocast"]],
                                      **self.lower_precision_safe_modules(values)}
         if values["zero"] == 3:
             # Partition every parameter, however small (the default keeps those under 1e5 whole).
             cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=0)
-            if values.get("save", "none") == "16bit":
+            if values.optional("save", "none") == "16bit":
                 # Without it save_16bit_model writes nothing under ZeRO 3 (it says so in the log and returns False).
                 cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if values["dtype"] == "bf16":
@@ -508,10 +508,10 @@ class EngineHead(Subject):
         too: nn.Linear (DeepSpeed's default, kept for proj) and the class AutoTP makes of the head (by its full
         name, as the option takes it), which is the class this subject claims for it. base: AutoTP's base class of
         that kind instead, the one a user names for "every column (row) layer"; the head is an instance of it."""
-        choice = values.get("autocast_modules", "default")
+        choice = values.optional("autocast_modules", "default")
         if choice == "default":
             return {}
-        head_class = self.claims(values).module_types[values.get("head", "lm_head")]
+        head_class = self.claims(values).module_types[values.optional("head", "lm_head")]
         named = AUTOTP_BASE_CLASS[head_class] if choice == "base" else head_class
         return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
                                                  f"deepspeed.module_inject.layers.{named}"]}
@@ -520,34 +520,34 @@ class EngineHead(Subject):
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
-        autocast = values.get("autocast", "off")
+        autocast = values.optional("autocast", "off")
         found = {"torch_autocast": None if autocast == "off" else str(DTYPES[autocast]), **switch_decisions(values)}
         # The dtype communication_data_type names, as torch spells it (None: the dp_reduce value sets none).
-        comm_key = DP_REDUCE_CONFIG[values.get("dp_reduce", "average")].get("communication_data_type")
+        comm_key = DP_REDUCE_CONFIG[values.optional("dp_reduce", "average")].get("communication_data_type")
         communication = None if comm_key is None else str(DTYPES[comm_key])
         if autocast != "off":
             # The head is marked only where the case names its AutoTP class (or its base class): docs/subjects.md#torch_autocasts-comm_dtype-marks
-            named = values.get("autocast_modules", "default") in ("head", "base")
+            named = values.optional("autocast_modules", "default") in ("head", "base")
             found["head_comm_dtype"] = str(DTYPES[autocast]) if named else "None"
-        if values.get("model_init", "plain") == "tp_model_init":
+        if values.optional("model_init", "plain") == "tp_model_init":
             found["merged_autotp_size"] = values["tp"]
         if clip_left_out(values):
             found["gradient_clipping"] = 1.0  # DeepSpeed 0.19.8's GRADIENT_CLIPPING_DEFAULT, proven applied
         elif "clip" in values:
             found["gradient_clipping"] = float(values["clip"])
-        if values.get("grad_accum") == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
+        if values.optional("grad_accum", None) == "fp32" and values["zero"] == 1 and values["dtype"] == "bf16":
             # The path these cases are for: DeepSpeed's documented choice for bf16 weights with float32
             # accumulation under ZeRO 1 (engine._do_optimizer_sanity_check), proven taken.
             found["optimizer"] = "BF16_Optimizer"
-        elif values.get("zero", 0) in (1, 2, 3) and autocast != "off":
+        elif values["zero"] in (1, 2, 3) and autocast != "off":
             # torch_autocast's comm_dtype marks: proj in the autocast dtype, everything else in fp32
             # (docs/subjects.md#torch_autocasts-comm_dtype-marks).
             found["zero_reduce_dtypes"] = sorted({str(DTYPES[autocast]), "torch.float32"})
-        elif values.get("zero", 0) in (1, 2) and communication is not None:
+        elif values["zero"] in (1, 2) and communication is not None:
             found["zero_reduce_dtypes"] = [communication]  # what communication_data_type asks for
         if communication is not None:
             found["communication_data_type"] = communication
-        if values.get("model_config", "none") != "none":
+        if values.optional("model_config", "none") != "none":
             found["kv_heads"] = text_kv_heads(values["model_config"])
         if loss_scaling.setting(values) is not None:
             found.update(loss_scaling.documented(loss_scaling.setting(values), self.training_spec(values).steps))
@@ -560,7 +560,7 @@ class EngineHead(Subject):
     def requires(self, values):
         # A CPU case that claims Triton for the Liger backend runs Liger's kernels in Triton's interpreter
         # (docs/subjects.md#liger-in-tritons-interpreter-on-cpu).
-        interpreted = (values.get("device", "cpu") == "cpu" and values.get("triton") == "claimed"
+        interpreted = (values["device"] == "cpu" and values.optional("triton", None) == "claimed"
                        and values["backend"] == "liger")
         return (super().requires(values) + engine_dtype_requirements(values)
                 + (["triton_interpreter"] if interpreted else []))
@@ -572,30 +572,30 @@ class EngineHead(Subject):
     def records_master_weights(self, values: dict) -> bool:
         # bf16/fp16: DeepSpeed's optimizer keeps a float32 master; with bf16 masters asked for, neither it nor the
         # reference (SGD on the bf16 parameters) keeps one, and the weights are what the update produced.
-        return values["dtype"] != "fp32" and not values.get("bf16_master", False)
+        return values["dtype"] != "fp32" and not values.optional("bf16_master", False)
 
     def training_spec(self, values: dict):
         spec = super().training_spec(values)
         if (scaler := loss_scaling.grad_scaler(values)) is not None:
             spec = dataclasses.replace(spec, loss_scale=scaler)
-        if values.get("dp_reduce") == "comm_bf16":
+        if values.optional("dp_reduce", None) == "comm_bf16":
             # A user who asks for bf16 gradient communication in plain PyTorch: DDP with bf16_compress_hook.
             spec = dataclasses.replace(spec, comm_dtype=torch.bfloat16)
         if (scaler := loss_scaling.autocast_grad_scaler(values)) is not None:
             spec = dataclasses.replace(spec, loss_scale=scaler)
-        return dataclasses.replace(spec, master=False) if values.get("bf16_master", False) else spec
+        return dataclasses.replace(spec, master=False) if values.optional("bf16_master", False) else spec
 
     def invalid(self, values: dict) -> str | None:
-        if values.get("dp_reduce") == "comm_bf16" and (values["dtype"] != "fp32"
-                                                        or values.get("autocast", "off") != "off"):
+        if values.optional("dp_reduce", None) == "comm_bf16" and (values["dtype"] != "fp32"
+                                                        or values.optional("autocast", "off") != "off"):
             # A bf16/fp16 model communicates in its own dtype by default; autocast sets ZeRO's reduction dtype itself.
             return "dp_reduce comm_bf16 is held on fp32 models without autocast (DDP's bf16_compress_hook reference)"
-        if values.get("labels", "labels") == "shift_labels" and values.get("reduction", "mean") != "mean":
+        if values.optional("labels", "labels") == "shift_labels" and values["reduction"] != "mean":
             # num_items would need the trainer's count over shift_labels (references/data.py counts labels[..., 1:]).
             return "labels shift_labels is held to HF's mean only"
-        if values.get("autocast_modules", "default") != "default" and values.get("autocast", "off") == "off":
+        if values.optional("autocast_modules", "default") != "default" and values.optional("autocast", "off") == "off":
             return "autocast_modules sets torch_autocast.lower_precision_safe_modules, which needs autocast on"
-        if clip_left_out(values) and values.get("clip", 0.0) != 0.0:
+        if clip_left_out(values) and values.optional("clip", 0.0) != 0.0:
             return "clip_key unset leaves gradient_clipping out of the config: the reference is unclipped (clip 0)"
         return loss_scaling.invalid_reason(values)
 
@@ -605,7 +605,7 @@ class EngineHead(Subject):
         HF-style config the case's model_config axis names (DeepSpeed reads it; the numbers do not)."""
         spec = self.model_spec(values)
         model = build_model(spec, self.training_spec(values).seed, dtype)
-        config = hf_like_config(values.get("model_config", "none"), spec.vocab, spec.hidden, spec.tied)
+        config = hf_like_config(values.optional("model_config", "none"), spec.vocab, spec.hidden, spec.tied)
         if config is not None:
             model.config = config
         return model
@@ -616,7 +616,7 @@ class EngineHead(Subject):
         differs from DeepSpeed's defaults (the HF tp_plan subjects)."""
         import deepspeed
 
-        how, dtype = values.get("model_init", "plain"), DTYPES[values["dtype"]]
+        how, dtype = values.optional("model_init", "plain"), DTYPES[values["dtype"]]
         if how in ("zero_init", "zero_init_dtype"):
             return self.zero_init_model(values, config, dtype, explicit_dtype=how == "zero_init_dtype")
         model = self.build(values, dtype).to(ctx.device)
@@ -676,7 +676,7 @@ class EngineHead(Subject):
     def run_earlier_engine(self, values: dict, ctx: RankContext) -> None:
         import deepspeed
 
-        first = {**values, **self.EARLIER_ENGINE[values["process"]]}
+        first = values.replace(**self.EARLIER_ENGINE[values["process"]])
         train = self.training_spec(first)
         model = self.build(first, DTYPES[first["dtype"]]).to(ctx.device)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -689,10 +689,10 @@ class EngineHead(Subject):
 
         setup_deepspeed(ctx)
         tp = values["tp"]
-        install_tp_groups(ctx, tp, values.get("dist_debug", "off"))
+        install_tp_groups(ctx, tp, values.optional("dist_debug", "off"))
         tp_rank, dp_rank = ctx.tp_dp(tp)
         spec, train = self.model_spec(values), self.training_spec(values)
-        if values.get("process", "fresh") != "fresh":
+        if values.optional("process", "fresh") != "fresh":
             self.run_earlier_engine(values, ctx)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         # Read before the user's model exists: zero.Init (model_init = zero_init) swaps F.linear for that model, by design.
@@ -707,8 +707,8 @@ class EngineHead(Subject):
                                               config=config)
             try:
                 record_structure(obs, model, self.claims(values))
-                obs.facts["rank_decisions"] = {**rank_decisions(engine, attribute(model, values.get("head", "lm_head"))),
-                                               **merged_tp_model_init(values, config)}
+                head = attribute(model, values.optional("head", "lm_head"))
+                obs.facts["rank_decisions"] = {**rank_decisions(engine, head), **merged_tp_model_init(values, config)}
                 captured = {}
                 self.capture_head_input(model, captured)
                 exclude_engine_reduction(engine)
@@ -731,7 +731,7 @@ class EngineHead(Subject):
                                         captured=captured, record_collectives=True, micro_context=backend_of,
                                         after_forward=first_column_function, outputs_after_backward=False))
                 obs.facts.setdefault("collectives", {})
-                if values.get("save", "none") != "none":
+                if values.optional("save", "none") != "none":
                     obs.facts["saved"] = saved_state_dict(engine, values["save"])
             finally:
                 engine.destroy()
@@ -750,7 +750,7 @@ class EngineUpdate:
         self.zero, self.reports_norm = values["zero"], reports_grad_norm(values)
         self.scaled = loss_scaling.setting(values) is not None
         # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
-        self.amp_scaler = loss_scaling.autocast_scaler(engine) if values.get("autocast") == "fp16" else None
+        self.amp_scaler = loss_scaling.autocast_scaler(engine) if values.optional("autocast", None) == "fp16" else None
         self.scale, self.scales, self.skipped = 1.0, [], []
 
     def start(self, run) -> None:
@@ -824,7 +824,7 @@ class ColumnGatheredHead(EngineHead):
         # grad_allreduce on proj's skip spec: proj is replicated and reads the whole (replicated) hidden state, so
         # its gradient is already the full one on every rank; the claims and the reference stay plain torch's.
         proj = {"patterns": [r"proj\.weight$"], "partition_type": "skip",
-                **({"grad_allreduce": True} if values.get("grad_allreduce", False) else {})}
+                **({"grad_allreduce": True} if values.optional("grad_allreduce", False) else {})}
         return {"partition_config": {**use_default_specs(values), "layer_specs": [
             proj,
             {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "column", "gather_output": True},
@@ -852,7 +852,7 @@ class VocabParallelHead(EngineHead):
             "model_config": None, "model_init": None, "labels": None, **AUTOCAST_MODULES_AXES}
 
     def run_rank(self, values, ctx):
-        with claimed_triton(values.get("triton") == "claimed"):
+        with claimed_triton(values["triton"] == "claimed"):
             return super().run_rank(values, ctx)
 
     def tensor_parallel_config(self, values):
@@ -884,8 +884,8 @@ def expected_ce_backend(values: dict) -> str:
     anything else falls back to torch on every rank alike. Not from AutoTP's kv-head split: where that
     makes a head's shards uneven that the near-even layout keeps equal, the torch fallback is part of a
     known divergence (cases/deepspeed_heads.toml, model_config), not what the user asked for."""
-    triton = values.get("device") == "cuda" or values.get("triton") == "claimed"
+    triton = values["device"] == "cuda" or values.optional("triton", None) == "claimed"
     if values["backend"] != "liger" or not triton:
         return "torch"
-    sizes = shard_sizes(values["vocab"], values["tp"], values.get("grain", 1))
+    sizes = shard_sizes(values["vocab"], values["tp"], values.optional("grain", 1))
     return "liger" if len(set(sizes)) == 1 else "torch"

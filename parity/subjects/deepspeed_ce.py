@@ -16,7 +16,7 @@ import torch
 from parity.observe import collectives, gemm_dtypes
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
-from parity.subjects.base import Claims, Subject, case_seed
+from parity.subjects.base import Claims, NoModel, Subject, case_seed
 from parity.subjects.deepspeed_autotp import claimed_triton, record_loss_backend, setup_deepspeed
 from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, sp_group, tp_group
 from parity.observe.dtypes import DTYPES
@@ -35,12 +35,12 @@ def global_vocab_size(values: dict) -> int | None:
     DeepSpeed trusts a passed value (it skips the validation): it feeds the target range check and the Liger
     gate's equal-shard test (sequence/cross_entropy.py:236-258)."""
     vocab = values["vocab"]
-    return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values.get("global_vocab", "unset")]
+    return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values["global_vocab"]]
 
 
 def autocast_dtype(values: dict):
     """The torch.autocast dtype a case's ``autocast`` axis names, or None (off)."""
-    autocast = values.get("autocast", "off")
+    autocast = values["autocast"]
     return None if autocast == "off" else DTYPES[autocast]
 
 
@@ -51,7 +51,7 @@ def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
 
 def sequence_group(ctx, values):
     """The sp_group a case passes: None without sequence parallelism (DeepSpeed's default), else this rank's."""
-    return sp_group(ctx, values["tp"], values["sp"]) if values.get("sp", 1) > 1 else None
+    return sp_group(ctx, values["tp"], values["sp"]) if values["sp"] > 1 else None
 
 
 class DeepSpeedVocabParallelCE(LogitsCE):
@@ -78,7 +78,7 @@ class DeepSpeedVocabParallelCE(LogitsCE):
                                             global_vocab_size=global_vocab_size(values),
                                             ignore_index=self.ignore_index(values),
                                             reduction=values["reduction"],
-                                            gather_sequence_loss=values.get("seq_gather", False), backend="torch")
+                                            gather_sequence_loss=values["seq_gather"], backend="torch")
 
 
 class DeepSpeedVocabSequenceParallelCE(LogitsCE):
@@ -127,7 +127,7 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
 
     def requires(self, values):
         # Liger on CPU runs in Triton's interpreter (the rank worker sets TRITON_INTERPRET=1), as LigerShards says.
-        interpreted = self._liger(values) and values.get("device", "cpu") == "cpu"
+        interpreted = self._liger(values) and values["device"] == "cpu"
         return super().requires(values) + (["triton_interpreter"] if interpreted else [])
 
     def unavailable_reason(self, values):
@@ -147,9 +147,9 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
         module = VocabParallelCrossEntropyLoss(tp_group=group, sp_group=None, vocab_start_index=part.start,
                                                vocab_end_index=part.stop, ignore_index=self.ignore_index(values),
                                                reduction=values["reduction"], gather_sequence_loss=False,
-                                               backend=values.get("backend", "torch"))
+                                               backend=values["backend"])
         log: list = []
-        with claimed_triton(values.get("triton") == "claimed"), record_loss_backend(log):
+        with claimed_triton(values["triton"] == "claimed"), record_loss_backend(log):
             loss = module(local, targets)
         obs.facts["loss_backend"] = {(0, 0): log}
         return loss
@@ -170,15 +170,15 @@ class DeepSpeedVocabParallelLogProbs(LogitsCE):
     axes = {"dtype": None, "vocab": None, "ignore": None, "tp": None, "device": None, "topk": None, "inf_rows": None}
 
     def reference(self, values, compute_dtype=None):
-        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
-                            DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX, topk=values.get("topk", 0),
-                            inf_rows=values.get("inf_rows", "none"))
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values["ignore"],
+                            DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX, topk=values["topk"],
+                            inf_rows=values["inf_rows"])
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_logprobs
 
         setup_deepspeed(ctx)
-        k = values.get("topk", 0)
+        k = values["topk"]
         index = topk_index(case_seed(SEED, values), targets.cpu(), values["vocab"], k, IGNORE_INDEX) if k else targets
         return -vocab_parallel_logprobs(local, index.to(local.device), tp_group=group, vocab_start_index=part.start,
                                         vocab_end_index=part.stop, ignore_index=IGNORE_INDEX)
@@ -217,7 +217,7 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     @staticmethod
     def gated(values) -> bool:
         """Whether the rank calls vocab_parallel_cross_entropy(backend="liger") (DeepSpeed's gate decides)."""
-        return values.get("device") == "cuda" or values.get("triton") == "claimed"
+        return values["device"] == "cuda" or values["triton"] == "claimed"
 
     def needs_equal_shards(self, values):
         return not self.gated(values)
@@ -232,7 +232,7 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
     def loss(self, values, ctx, local, targets, group, part, obs):
         from deepspeed.sequence import cross_entropy as ce
 
-        if not self.gated(values) and values.get("global_vocab", "unset") != "unset":
+        if not self.gated(values) and values["global_vocab"] != "unset":
             raise ValueError("ds_liger_ce: global_vocab needs the gated path (device cuda or triton claimed); "
                              "the direct _liger_vocab_cross_entropy call takes no global_vocab_size")
         setup_deepspeed(ctx)
@@ -240,7 +240,7 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
             obs.facts["loss_backend"] = {(0, 0): ["liger"]}
             return ce._liger_vocab_cross_entropy(local, targets, group, IGNORE_INDEX)
         log: list = []
-        with record_loss_backend(log), claimed_triton(values.get("triton") == "claimed"):
+        with record_loss_backend(log), claimed_triton(values["triton"] == "claimed"):
             loss = ce.vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
                                                    vocab_end_index=part.stop,
                                                    global_vocab_size=global_vocab_size(values),
@@ -279,7 +279,7 @@ class DeepSpeedLigerWithoutGroup(LogitsCE):
         return loss
 
 
-class DeepSpeedFusedLinearCE(Subject):
+class DeepSpeedFusedLinearCE(NoModel, Subject):
     framework = "deepspeed"
     name = "ds_fused_linear_ce"
     feature = None
@@ -291,8 +291,8 @@ class DeepSpeedFusedLinearCE(Subject):
             "ignore": None, "tp": None, "sp": None, "device": None, "autocast": ("off", "bf16")}
 
     def invalid(self, values):
-        sp = values.get("sp", 1)
-        if values.get("autocast", "off") != "off" and values["dtype"] != "fp32":
+        sp = values["sp"]
+        if values["autocast"] != "off" and values["dtype"] != "fp32":
             return "autocast runs on float32 inputs (dtype fp32), as a user's AMP loop"
         return f"sp {sp} does not split the {FUSED_TOKENS} tokens into equal chunks" if FUSED_TOKENS % sp else None
 
@@ -304,7 +304,7 @@ class DeepSpeedFusedLinearCE(Subject):
         # end-to-end slack. Why: docs/subjects.md#the-fused-ce-as-a-stage
         amp = autocast_dtype(values)
         return Claims(module_types={}, param_shards={}, micro_records=records,
-                      stage_local=values.get("dtype") in ("bf16", "fp16") or amp is not None,
+                      stage_local=values["dtype"] in ("bf16", "fp16") or amp is not None,
                       gemm_dtype=None if amp is None else str(amp).replace("torch.", ""))
 
     def training_spec(self, values):
@@ -314,7 +314,7 @@ class DeepSpeedFusedLinearCE(Subject):
         return linear_ce_reference(case_seed(SEED, values), FUSED_TOKENS, values["vocab"], HIDDEN, values["bias"],
                                    values["ignore"],
                                    DTYPES[values["dtype"]], compute_dtype, IGNORE_INDEX,
-                                   reduction=values["reduction"], sequence_parts=values.get("sp", 1),
+                                   reduction=values["reduction"], sequence_parts=values["sp"],
                                    autocast=autocast_dtype(values))
 
     def run_rank(self, values, ctx):
@@ -329,7 +329,7 @@ class DeepSpeedFusedLinearCE(Subject):
                                                       values["ignore"],
                                                       DTYPES[values["dtype"]], IGNORE_INDEX)
         # Sequence parallelism: this rank's chunk of the tokens (dp_rank is its SP rank), the head replicated.
-        rows = sequence_chunk(FUSED_TOKENS, values.get("sp", 1), dp_rank)
+        rows = sequence_chunk(FUSED_TOKENS, values["sp"], dp_rank)
         h, targets, upstream = h[rows], targets[rows], upstream[rows]
         hidden = h.to(ctx.device).requires_grad_(True)
         weight = w[part].to(ctx.device).contiguous().requires_grad_(True)
@@ -344,7 +344,7 @@ class DeepSpeedFusedLinearCE(Subject):
                                                            ignore_index=IGNORE_INDEX, reduction=reduction,
                                                            chunk_size=values["chunk"] or None)
             upstream_objective(loss, upstream.to(ctx.device), reduction).backward()
-        if values.get("sp", 1) > 1:
+        if values["sp"] > 1:
             # The head is replicated over the SP ranks: its gradient is summed over them, as a training
             # loop's step does (docs/subjects.md#tp-x-sp).
             import torch.distributed as dist

@@ -33,7 +33,7 @@ class DirectHead(Subject):
         return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
-        return values.get("tp", 1)
+        return values["tp"]
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         setup_deepspeed(ctx)

@@ -22,20 +22,20 @@ class EmbeddingSpecHead(ColumnGatheredHead):
     defaults = {"embed_spec": "row"}
 
     def model_spec(self, values):
-        max_norm = values.get("max_norm", 0.0)
+        max_norm = values["max_norm"]
         return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values),
-                                   embed_scale=values.get("embed_scale", "none") == "gemma3",
-                                   scale_grad_by_freq=values.get("grad_freq", False), max_norm=max_norm or None)
+                                   embed_scale=values["embed_scale"] == "gemma3",
+                                   scale_grad_by_freq=values["grad_freq"], max_norm=max_norm or None)
 
     def unavailable_reason(self, values):
         return gemma3_unavailable(values) or super().unavailable_reason(values)
 
     def build(self, values, dtype):
         model = super().build(values, dtype)
-        return as_gemma3_embedding(model) if values.get("embed_scale", "none") == "gemma3" else model
+        return as_gemma3_embedding(model) if values["embed_scale"] == "gemma3" else model
 
     def tensor_parallel_config(self, values):
-        dim = values.get("embedding_dim", "unset")
+        dim = values["embedding_dim"]
         return {"partition_config": {"use_default_specs": False, **({} if dim == "unset" else
                                                                    {"embedding_partition_dim": dim}),
                                      "layer_specs": [
@@ -59,4 +59,4 @@ class EmbeddingSpecHead(ColumnGatheredHead):
 
 def vocab_sharded(values: dict) -> bool:
     """partition_config.embedding_partition_dim 0: the embedding split along its vocabulary rows."""
-    return values.get("embedding_dim", "unset") == 0
+    return values["embedding_dim"] == 0

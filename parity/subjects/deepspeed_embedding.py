@@ -46,7 +46,7 @@ class DirectVocabParallelEmbedding(Subject):
 
         return train_lookup_reference(values["vocab"], values["hidden"], padding_index(values),
                                       self.training_spec(values), DTYPES[values["dtype"]], compute_dtype,
-                                      scaled=values.get("embed_scale", "none") == "gemma3")
+                                      scaled=values["embed_scale"] == "gemma3")
 
     def unavailable_reason(self, values):
         return gemma3_unavailable(values) or super().unavailable_reason(values)
@@ -74,7 +74,7 @@ class DirectVocabParallelEmbedding(Subject):
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         set_autotp_mode(training=True)  # else the layer's parameters are built with requires_grad=False
         table = build_embedding(values["vocab"], values["hidden"], padding_index(values), train.seed, dtype)
-        if values.get("embed_scale", "none") == "gemma3":
+        if values["embed_scale"] == "gemma3":
             table = gemma3_scaled(table)
         layer = VocabParallelEmbedding(copy.deepcopy(table).to(ctx.device), groups.get_tensor_model_parallel_group(),
                                        name="embed_tokens")

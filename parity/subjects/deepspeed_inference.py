@@ -36,7 +36,7 @@ def expected_all_reduce(values: dict) -> str:
     inference_all_reduce), computed from the CPU's own flags."""
     from parity.observe.capabilities import cpu_flags
 
-    if values.get("allreduce", "torch") == "shm" and SHM_ISA[values["dtype"]] in cpu_flags():
+    if values["allreduce"] == "shm" and SHM_ISA[values["dtype"]] in cpu_flags():
         return "shm"
     return TORCH_ALL_REDUCE
 
@@ -124,28 +124,28 @@ class InferenceHead(Subject):
     clean_state = {**CLEAN_STATE, "shm_vector_kernel_level": 0}
 
     def world_size(self, values):
-        return max(values["tp"] * values.get("dp", 1), values.get("prior_tp", 0))
+        return max(values["tp"] * values["dp"], values["prior_tp"])
 
     def invalid(self, values):
-        prior = values.get("prior_tp", 0)
+        prior = values["prior_tp"]
         if prior and prior % values["tp"]:
             return f"prior_tp {prior} is no multiple of tp {values['tp']} (the ranks past tp are copies of its layout)"
-        if values.get("dp", 1) > 1 and (prior or values.get("tp_source", "tp_size") != "tp_size"):
+        if values["dp"] > 1 and (prior or values["tp_source"] != "tp_size"):
             return "dp: a fresh process's group made from tp_size (no earlier engine's, no mpu's)"
-        if values.get("dp", 1) > 1 and values["head"] == "model.lm_head":
+        if values["dp"] > 1 and values["head"] == "model.lm_head":
             # set_lm_head never hands a nested head to AutoTP, so no rank meets the group: the nested-head divergence
             return "dp: a nested head is never sharded, so tp_size's group reaches no layer"
-        if prior and values.get("tp_source", "tp_size") != "tp_size":
+        if prior and values["tp_source"] != "tp_size":
             return "prior_tp: the cached group is read by the tp_size path only (an mpu hands over its own group)"
         return super().invalid(values)
 
     def requires(self, values):
-        shm = ["cpp_toolchain"] if values.get("allreduce", "torch") == "shm" else []
+        shm = ["cpp_toolchain"] if values["allreduce"] == "shm" else []
         return super().requires(values) + engine_dtype_requirements(values) + shm
 
     def unavailable_reason(self, values):
         reason = super().unavailable_reason(values)
-        if reason is None and values.get("allreduce", "torch") == "shm":
+        if reason is None and values["allreduce"] == "shm":
             prebuild_shm_op()
         return reason
 
@@ -153,7 +153,7 @@ class InferenceHead(Subject):
         return TrainingSpec(seed=case_seed(TrainingSpec.seed, values), steps=1, micro_batches=1)
 
     def model_spec(self, values):
-        return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))
+        return dataclasses.replace(super().model_spec(values), head_input=values["head_input"])
 
     def claims(self, values):
         head = values["head"]
@@ -200,18 +200,18 @@ class InferenceHead(Subject):
         dtype = DTYPES[values["dtype"]]
         model = build_model(spec, train.seed, dtype).to(ctx.device)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        prior = values.get("prior_tp", 0)
+        prior = values["prior_tp"]
         # A fresh process beyond tp's ranks: DeepSpeed's own new_group(range(tp_size)) is the behaviour under test.
-        fresh = values.get("dp", 1) > 1
+        fresh = values["dp"] > 1
         InferenceEngine.inference_mp_group = None if fresh else inference_group(ctx, prior or tp)
         if prior:
             # The user's first engine, on a model of its own; it finds (and keeps) the group of all its ranks.
             first = build_model(spec, train.seed + 1, dtype).to(ctx.device)
             deepspeed.init_inference(first, tensor_parallel={"tp_size": prior}, dtype=dtype,
                                      replace_with_kernel_inject=False, injection_policy={type(first): ("proj",)})
-        if values.get("allreduce", "torch") == "shm":
+        if values["allreduce"] == "shm":
             ds_comm.cdb.shm_comm_op, ds_comm.cdb.shm_vector_kernel_level = shm_op(ctx)
-        if values.get("tp_source", "tp_size") == "mpu":
+        if values["tp_source"] == "mpu":
             # The TP group a Megatron-style mpu hands over (inference/config.py:46, engine.py:113-115): the same
             # members as the group tp_size makes, so any difference is in how the group reaches the head.
             tensor_parallel = {"mpu": GroupMpu(InferenceEngine.inference_mp_group)}

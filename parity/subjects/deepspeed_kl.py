@@ -12,7 +12,7 @@ from parity.observe import collectives
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
-from parity.subjects.base import Claims, Subject, case_seed
+from parity.subjects.base import Claims, NoModel, Subject, case_seed
 from parity.subjects.deepspeed_autotp import setup_deepspeed
 from parity.subjects.loss_only import SEED, TOKENS, tp_group
 from references.kl_div import kl_inputs, kl_reference
@@ -30,7 +30,7 @@ def teacher_columns(vocab: int, tp: int, tp_rank: int, layout: str) -> torch.Ten
     return (ids + 1) % vocab if layout == "shifted" else ids
 
 
-class DeepSpeedVocabParallelKL(Subject):
+class DeepSpeedVocabParallelKL(NoModel, Subject):
     framework = "deepspeed"
     name = "ds_vocab_kl"
     feature = None
@@ -40,7 +40,7 @@ class DeepSpeedVocabParallelKL(Subject):
             "device": None, "inf_rows": None}
 
     def claims(self, values):
-        grad = values.get("kl_grad", "both")
+        grad = values["kl_grad"]
         records = {"loss": None}
         if grad in ("student", "both"):
             records["student_grad"] = -1
@@ -51,7 +51,7 @@ class DeepSpeedVocabParallelKL(Subject):
                       exact_records=("student_after", "teacher_after"))
 
     def invalid(self, values):
-        if values.get("inf_rows", "none") == "masked" and values["vocab"] < 3:
+        if values["inf_rows"] == "masked" and values["vocab"] < 3:
             # At vocabulary 2 the masked ids would mask a teacher row whole (docs/subjects.md#vocabulary-parallel-kl).
             return "inf_rows 'masked' needs a vocabulary of at least 3 (it masks ids 0-2 and V-2, V-1 on single rows)"
         return super().invalid(values)
@@ -60,25 +60,25 @@ class DeepSpeedVocabParallelKL(Subject):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1, ignore="none")
 
     def reference(self, values, compute_dtype=None):
-        return kl_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("reverse", False),
-                            values.get("kl_grad", "both"), DTYPES[values["dtype"]], compute_dtype,
-                            values.get("inf_rows", "none"))
+        return kl_reference(case_seed(SEED, values), TOKENS, values["vocab"], values["reverse"],
+                            values["kl_grad"], DTYPES[values["dtype"]], compute_dtype,
+                            values["inf_rows"])
 
     def run_rank(self, values, ctx):
         from deepspeed.sequence.vocab_parallel_ops import vocab_parallel_kl_div
 
         setup_deepspeed(ctx)
-        tp, vocab, grad = values["tp"], values["vocab"], values.get("kl_grad", "both")
+        tp, vocab, grad = values["tp"], values["vocab"], values["kl_grad"]
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
         student, teacher, upstream = kl_inputs(case_seed(SEED, values), TOKENS, vocab, DTYPES[values["dtype"]],
-                                               values.get("inf_rows", "none"))
+                                               values["inf_rows"])
         part = shard_slice(vocab, tp, tp_rank)
         local_s = student[:, part].to(ctx.device).contiguous().requires_grad_(grad in ("student", "both"))
-        columns = teacher_columns(vocab, tp, tp_rank, values.get("kl_shards", "same"))
+        columns = teacher_columns(vocab, tp, tp_rank, values["kl_shards"])
         local_t = teacher[:, columns].to(ctx.device).contiguous().requires_grad_(grad in ("teacher", "both"))
         with collectives.recording() as counts:
-            loss = vocab_parallel_kl_div(local_s, local_t, reverse=values.get("reverse", False), tp_group=group)
+            loss = vocab_parallel_kl_div(local_s, local_t, reverse=values["reverse"], tp_group=group)
             (loss * upstream.to(ctx.device, loss.dtype)).sum().backward()
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         obs.facts["collectives"] = {(0, 0): dict(counts)}

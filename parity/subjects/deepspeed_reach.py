@@ -73,7 +73,7 @@ class LlamaBlocksHead(EngineHead):
 
     def invalid(self, values):
         # DeepSpeed's loss offers no 'sum' or 'none' (docs/subjects.md#the-heads-reach).
-        if values["vocab_parallel_lm_head"] == "true" and values.get("reduction", "mean") not in ("mean", "num_items"):
+        if values["vocab_parallel_lm_head"] == "true" and values["reduction"] not in ("mean", "num_items"):
             return ("vocab_parallel_lm_head installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
                     "num_items_in_batch: 'none' and 'sum' are no reduction it offers (as the vocab_parallel subject's "
                     "reduction domain says)")

@@ -16,6 +16,7 @@ from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
                                               reset_deepspeed_state, setup_deepspeed)
+from parity.subjects.values import resolve
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
 from references.trajectory import TrainingSpec
@@ -437,7 +438,8 @@ class DeepSpeedRejection(Subject):
         install_tp_groups(ctx, tp)
         spec, train = self.model_spec(values), self.training_spec(values)
         model = variant.build(spec).to(ctx.device)
-        config = _Config(variant.tp_config).ds_config({"tp": tp, "zero": 0, "dtype": "fp32", **variant.values}, train)
+        holder = _Config(variant.tp_config)
+        config = holder.ds_config(resolve(holder, {"tp": tp, "zero": 0, "dtype": "fp32", **variant.values}), train)
         if variant.compile_eager:
             config["compile"] = {"deepcompile": True, "passes": ["autotp"]}
         config.get("torch_autocast", {}).update(variant.autocast)

@@ -23,7 +23,7 @@ class RowParallelHead(EngineHead):
     axes = {**COMMON_AXES, "head_input": None, "save": None, **AUTOCAST_MODULES_AXES}
 
     def model_spec(self, values):
-        return dataclasses.replace(super().model_spec(values), head_input=values.get("head_input", "sequence"))
+        return dataclasses.replace(super().model_spec(values), head_input=values.optional("head_input", "sequence"))
 
     def tensor_parallel_config(self, values):
         head = values["head"]

@@ -20,18 +20,18 @@ SHARED = (("lm_head.weight", "embed_tokens.weight"),)
 
 
 def embed_specs(values: dict) -> list:
-    kind = values.get("embed_spec", "none")
+    kind = values["embed_spec"]
     return [] if kind == "none" else [{"patterns": [r"embed_tokens\.weight$"], "partition_type": kind}]
 
 
 def tied_spec(spec, values):
     return dataclasses.replace(spec, tied=True, padding_idx=padding_index(values),
-                               scale_grad_by_freq=values.get("grad_freq", False),
-                               embed_scale=values.get("embed_scale", "none") == "gemma3")
+                               scale_grad_by_freq=values.optional("grad_freq", False),
+                               embed_scale=values.optional("embed_scale", "none") == "gemma3")
 
 
 def gemma3_unavailable(values: dict) -> str | None:
-    if values.get("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
+    if values.optional("embed_scale", "none") == "gemma3" and find_spec("transformers") is None:
         return "transformers is not installed (pip install -e '.[hf]'): Gemma3TextScaledWordEmbedding"
     return None
 
@@ -65,7 +65,7 @@ class TiedEmbedding:
 
     def build(self, values, dtype):
         model = super().build(values, dtype)
-        return as_gemma3_embedding(model) if values.get("embed_scale", "none") == "gemma3" else model
+        return as_gemma3_embedding(model) if values.optional("embed_scale", "none") == "gemma3" else model
 
     def unavailable_reason(self, values):
         return gemma3_unavailable(values) or super().unavailable_reason(values)
@@ -134,13 +134,13 @@ class TiedPlanHead(TiedColumnGatheredHead):
     def auto_vocab_parallel(self, values) -> bool:
         # DeepSpeed's tied-head test reads only these two names; two tied heads fall back to replicated heads
         # (docs/subjects.md#tied-heads).
-        return (values["vocab_parallel_lm_head"] == "unset" and values.get("second_head", "none") == "none"
+        return (values["vocab_parallel_lm_head"] == "unset" and values["second_head"] == "none"
                 and values["head"].split(".")[-1] in ("lm_head", "embed_out"))
 
     def invalid(self, values):
-        if values.get("second_head", "none") != "none" and values["head"] != "lm_head":
+        if values["second_head"] != "none" and values["head"] != "lm_head":
             return "second_head: two heads qualify for the auto path only beside a head named lm_head"
-        if self.auto_vocab_parallel(values) and values.get("reduction", "mean") not in ("mean", "num_items"):
+        if self.auto_vocab_parallel(values) and values["reduction"] not in ("mean", "num_items"):
             return ("the auto path installs VocabParallelCausalLMLoss, which reduces to a mean or to a sum over "
                     "num_items_in_batch: 'none' and 'sum' are no reduction it offers")
         return super().invalid(values)
@@ -154,7 +154,7 @@ class TiedPlanHead(TiedColumnGatheredHead):
         model = super().build(values, dtype)
         # DeepSpeed reads an instance's _tp_plan as an HF tp_plan (runtime/tensor_parallel/config.py _get_hf_tp_plan).
         model._tp_plan = {"embed_tokens": "embedding_rowwise", values["head"]: "colwise_gather_output"}
-        second = values.get("second_head", "none")
+        second = values["second_head"]
         if second != "none":
             # A multi-token-prediction module's own head on the same tied Parameter, no bias: the model gains no
             # parameter, so the reference (which never calls it) is the same model.
@@ -167,7 +167,7 @@ class TiedPlanHead(TiedColumnGatheredHead):
         return model
 
     def claims(self, values):
-        second = values.get("second_head", "none")
+        second = values["second_head"]
         if second != "none":
             both = super().claims(values)
             return dataclasses.replace(both, module_types={**both.module_types, second: "Linear"},

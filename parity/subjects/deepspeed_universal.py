@@ -129,9 +129,10 @@ class UniversalResume:
             return ("train_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
         return ("train_adamw_reference", self.model_spec(values), self.training_spec(values), values["dtype"])
 
-    def head_values(self, values: dict) -> dict:
-        """The engine head's own axis values at their defaults, for its ds_config and claims."""
-        return {"head": "lm_head", "backend": "torch", "grain": 1, "ignore_index": -100, **values}
+    def head_values(self, values):
+        """The engine head's own axes a resume case does not vary, at the registry's defaults, for its ds_config
+        and claims."""
+        return values.widened("head", "backend", "grain", "ignore_index")
 
     def engine(self, values, train, model, load_universal: bool):
         import deepspeed
@@ -181,7 +182,7 @@ class UniversalResume:
             save_dp = world // save_tp
             save_train = dataclasses.replace(train, dp=save_dp, micro_batches=values["dp"] * train.micro_batches // save_dp)
             model = self.build(values, dtype).to(ctx.device)
-            engine = self.engine({**values, "tp": save_tp, "dp": save_dp}, save_train, model, load_universal=False)
+            engine = self.engine(values.replace(tp=save_tp, dp=save_dp), save_train, model, load_universal=False)
             try:
                 self.train_steps(engine, values, train, range(SAVED_AFTER), save_dp_rank, save_dp)
                 obs.facts["checkpointed"] = {"tp_rank": save_tp_rank, "dp_rank": save_dp_rank,

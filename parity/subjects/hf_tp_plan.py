@@ -33,7 +33,7 @@ def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
 
     config = LlamaConfig(vocab_size=values["vocab"], hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                          num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                         tie_word_embeddings=values.get("tied", False), initializer_range=INIT_STD,
+                         tie_word_embeddings=values.optional("tied", False), initializer_range=INIT_STD,
                          attn_implementation="eager")
     with seeded(seed):
         return LlamaForCausalLM(config).to(dtype)
@@ -76,8 +76,8 @@ class HFPlanHead(EngineHead):
         return None  # None: the plan transformers wrote
 
     def model_spec(self, values):
-        spec = super().model_spec({**values, "hidden": HIDDEN, "bias": False})
-        return dataclasses.replace(spec, tied=values.get("tied", False))
+        spec = super().model_spec(values.widened(hidden=HIDDEN, bias=False))
+        return dataclasses.replace(spec, tied=values.optional("tied", False))
 
     def tensor_parallel_config(self, values):
         # No partition_config: the engine's source priority then takes the HF tp_plan.
@@ -140,7 +140,7 @@ class HFPlanColumnHead(HFPlanHead):
     axes = {**HF_AXES, "hf_head": ("colwise_gather_output", "colwise_rep"), "model_init": ("plain", "tp_model_init")}
 
     def lm_head_style(self, values):
-        return values.get("hf_head", "colwise_gather_output")
+        return values["hf_head"]
 
     def claims(self, values):
         return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding",
@@ -179,16 +179,16 @@ class HFPlanTiedHead(HFPlanHead):
         return dataclasses.replace(super().model_spec(values), tied=True)
 
     def build(self, values, dtype):
-        model = super().build({**values, "tied": True}, dtype)
+        model = super().build(values.widened(tied=True), dtype)
         # transformers 5.24 writes this entry itself; stated here so the case does not depend on it.
         model._tp_plan = {**model._tp_plan, "model.embed_tokens": "embedding_rowwise"}
         return model
 
     def vocab_parallel(self, values) -> bool:
-        return values.get("vocab_parallel_lm_head", "unset") in ("true", "unset")
+        return values["vocab_parallel_lm_head"] in ("true", "unset")
 
     def tensor_parallel_config(self, values):
-        setting = values.get("vocab_parallel_lm_head", "unset")
+        setting = values["vocab_parallel_lm_head"]
         return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
 
     def claims(self, values):

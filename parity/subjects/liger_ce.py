@@ -25,6 +25,6 @@ class LigerVocabParallelCE(LigerShards, LogitsCE):
         # mode are passed as the case names them; the reference stays torch's label_smoothing whatever they
         # are (megatron's formula and the partition mode are documented divergences, cases/liger_ce.toml).
         return LigerVocabParallelCEFunction.apply(local.view(TOKENS, 1, local_vocab), targets.view(TOKENS, 1), group,
-                                                  IGNORE_INDEX, values.get("label_smoothing", 0.0),
-                                                  values.get("ls_formula", "pytorch"),
-                                                  values.get("ls_mode", "global")).view(TOKENS)
+                                                  IGNORE_INDEX, values["label_smoothing"],
+                                                  values["ls_formula"],
+                                                  values["ls_mode"]).view(TOKENS)

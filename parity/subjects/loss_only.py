@@ -11,7 +11,7 @@ from importlib.util import find_spec
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
-from parity.subjects.base import Claims, RankContext, Subject, case_seed
+from parity.subjects.base import Claims, NoModel, RankContext, Subject, case_seed
 from parity.subjects.loss_backward import differentiate
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import ce_inputs, ce_reference, sequence_chunk, upstream_objective
@@ -43,7 +43,7 @@ def sp_group(ctx: RankContext, tp: int, sp: int):
     return groups[(tp, sp)]
 
 
-class LogitsCE(Subject):
+class LogitsCE(NoModel, Subject):
     """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``). A subject
     without the ignore axis has no ignored target; ``measure`` is what the reference computes from the
     logits (references.cross_entropy.ce_reference: "ce", or "entropy", which takes no target)."""
@@ -52,44 +52,46 @@ class LogitsCE(Subject):
 
     def claims(self, values):
         records = {"loss": None, "logits_grad": -1, "logits_after": -1}
-        if values.get("backward", "once") == "create_graph":
+        if values.optional("backward", "once") == "create_graph":
             records["logits_hvp"] = -1  # the Hessian-vector product, sharded like the logits
         return Claims(module_types={}, param_shards={}, micro_records=records, exact_records=("logits_after",))
 
     def training_spec(self, values):
         return TrainingSpec(seed=case_seed(SEED, values), steps=1, micro_batches=1,
-                            ignore=values.get("ignore", "none"))
+                            ignore=values.optional("ignore", "none"))
 
     def reference(self, values, compute_dtype=None):
-        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.get("ignore", "none"),
+        return ce_reference(case_seed(SEED, values), TOKENS, values["vocab"], values.optional("ignore", "none"),
                             DTYPES[values["dtype"]], compute_dtype,
-                            self.ignore_index(values), reduction=values.get("reduction", "none"),
-                            backward=values.get("backward", "once"), measure=self.measure,
-                            label_smoothing=values.get("label_smoothing", 0.0), sequence_parts=values.get("sp", 1),
-                            uneven_chunks=values.get("sp_chunks", "equal") == "uneven",
-                            gathered=values.get("seq_gather", False), inf_rows=values.get("inf_rows", "none"))
+                            self.ignore_index(values), reduction=values.optional("reduction", "none"),
+                            backward=values.optional("backward", "once"), measure=self.measure,
+                            label_smoothing=values.optional("label_smoothing", 0.0),
+                            sequence_parts=values.optional("sp", 1),
+                            uneven_chunks=values.optional("sp_chunks", "equal") == "uneven",
+                            gathered=values.optional("seq_gather", False),
+                            inf_rows=values.optional("inf_rows", "none"))
 
     def invalid(self, values):
-        sp = values.get("sp", 1)
+        sp = values.optional("sp", 1)
         if sp > 1 and TOKENS % sp:
             return f"sp {sp} does not split the {TOKENS} tokens into equal chunks"
-        if sp > 1 and values.get("backward", "once") != "once":
+        if sp > 1 and values.optional("backward", "once") != "once":
             return "sp > 1 takes backward 'once' only"
-        if values.get("seq_gather", False) and (sp == 1 or values.get("reduction", "none") != "none"):
+        if values.optional("seq_gather", False) and (sp == 1 or values.optional("reduction", "none") != "none"):
             return "seq_gather needs sp > 1 and reduction 'none' (gather_sequence_loss gathers per-token losses)"
-        if values.get("sp_chunks", "equal") == "uneven" and (sp == 1 or values.get("seq_gather", False)):
+        if values.optional("sp_chunks", "equal") == "uneven" and (sp == 1 or values.optional("seq_gather", False)):
             # DeepSpeed's gather all-gathers equal chunks and checks nothing: on gloo unequal ones abort a rank
             # (SIGABRT, gloo::EnforceNotMet, docs/inventory.md sp_group row), which would take a pooled rank along.
             return "sp_chunks uneven needs sp > 1 and no seq_gather (the sequence gather takes equal chunks only)"
-        if values.get("inf_rows", "none") == "masked":
+        if values.optional("inf_rows", "none") == "masked":
             return "inf_rows masked is ds_vocab_kl's (some ids -inf in a student and teacher pair)"
-        if values.get("targets", "valid") == "minus100" and self.ignore_index(values) == -100:
+        if values.optional("targets", "valid") == "minus100" and self.ignore_index(values) == -100:
             return "targets minus100 needs another ignore_index (-100 would be an ignored target, not a stray one)"
         return None
 
     def ignore_index(self, values) -> int:
         """The target id this case ignores: the ``ignore_index`` axis where a subject declares it, else -100."""
-        return values.get("ignore_index", IGNORE_INDEX)
+        return values.optional("ignore_index", IGNORE_INDEX)
 
     def loss(self, values, ctx, local, targets, group, part, obs):
         """The subject's CE on this rank's logits block; may note facts in ``obs`` (the backend that ran)."""
@@ -105,25 +107,26 @@ class LogitsCE(Subject):
         tp_rank, dp_rank = ctx.tp_dp(tp)
         part = self.block(vocab, tp, tp_rank)
         seed = case_seed(SEED, values)
-        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.get("ignore", "none"), DTYPES[values["dtype"]],
-                                              self.ignore_index(values), values.get("inf_rows", "none"))
-        if values.get("targets", "valid") == "out_of_range":
+        logits, targets, upstream = ce_inputs(seed, TOKENS, vocab, values.optional("ignore", "none"),
+                                              DTYPES[values["dtype"]], self.ignore_index(values),
+                                              values.optional("inf_rows", "none"))
+        if values.optional("targets", "valid") == "out_of_range":
             targets[2] = vocab  # one past the last row: no shard owns it
-        elif values.get("targets", "valid") == "minus100":
+        elif values.optional("targets", "valid") == "minus100":
             targets[2] = -100  # HF's ignore id, an ordinary target once another id is ignored
         # Sequence parallelism: this rank holds its chunk of the rows (dp_rank is its SP rank); a gathered
         # per-token loss is the whole sequence's, so the user weights it with the whole upstream.
-        rows = sequence_chunk(TOKENS, values.get("sp", 1), dp_rank,
-                              uneven=values.get("sp_chunks", "equal") == "uneven")
+        rows = sequence_chunk(TOKENS, values.optional("sp", 1), dp_rank,
+                              uneven=values.optional("sp_chunks", "equal") == "uneven")
         logits, targets = logits[rows], targets[rows]
-        if not values.get("seq_gather", False):
+        if not values.optional("seq_gather", False):
             upstream = upstream[rows]
         local = logits[:, part].to(ctx.device).contiguous().requires_grad_(True)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         with collectives.recording() as counts:
             loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
-            objective = upstream_objective(loss, upstream.to(ctx.device), values.get("reduction", "none"))
-            grad, hvp = differentiate(objective, local, values.get("backward", "once"), seed, vocab, part)
+            objective = upstream_objective(loss, upstream.to(ctx.device), values.optional("reduction", "none"))
+            grad, hvp = differentiate(objective, local, values.optional("backward", "once"), seed, vocab, part)
         obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.record("loss", 0, 0, None, loss)
         obs.record("logits_grad", 0, 0, None, grad)
@@ -141,7 +144,7 @@ class LigerShards:
 
     def requires(self, values):
         # On CPU Liger's kernels run in Triton's interpreter (the rank worker sets TRITON_INTERPRET=1).
-        cpu = values.get("device", "cpu") == "cpu"
+        cpu = values["device"] == "cpu"
         return super().requires(values) + (["triton_interpreter"] if cpu else [])
 
     def needs_equal_shards(self, values) -> bool:

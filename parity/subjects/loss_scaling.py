@@ -38,13 +38,13 @@ DESIGNED_POINT = {"dtype": "fp16", "vocab": 34, "hidden": 32, "reduction": "mean
 
 
 def setting(values: dict) -> DynamicSetting | None:
-    return LOSS_SCALES[values.get("loss_scale", "static")]
+    return LOSS_SCALES[values.optional("loss_scale", "static")]
 
 
 def invalid_reason(values: dict) -> str | None:
     if setting(values) is None:
         return None
-    off = {k: values.get(k, v) for k, v in DESIGNED_POINT.items() if values.get(k, v) != v}
+    off = {k: values[k] for k, v in DESIGNED_POINT.items() if values[k] != v}
     if off:
         return (f"loss_scale {values['loss_scale']!r} is designed for {DESIGNED_POINT} (where the first step must "
                 f"overflow fp16); these values differ: {off}")
@@ -67,7 +67,7 @@ AUTOCAST_FP16_SCALING = DynamicScaling(init_scale=2.0 ** 16, growth_interval=200
 
 def autocast_grad_scaler(values: dict) -> DynamicScaling | None:
     """The GradScaler a torch_autocast float16 engine (and the user's fp16 AMP loop) scales with; None otherwise."""
-    return AUTOCAST_FP16_SCALING if values.get("autocast", "off") == "fp16" else None
+    return AUTOCAST_FP16_SCALING if values.optional("autocast", "off") == "fp16" else None
 
 
 def autocast_scaler(engine):

@@ -73,7 +73,7 @@ class MegatronHead(Subject):
         return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
-        return values.get("tp", 1)
+        return values["tp"]
 
     def requires(self, values):
         found = super().requires(values)  # capabilities first: megatron_core
@@ -236,7 +236,7 @@ class MegatronVocabParallelEmbedding(MegatronHead):
         return self.loss(model, logits, batch, num_items), logits
 
     def claims(self, values):
-        if values.get("tied"):
+        if values["tied"]:
             return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear",
                                         "lm_head": "ColumnParallelLinear"},
                           # skip_weight_param_allocation: the head has no weight of its own (lm_head.weight is

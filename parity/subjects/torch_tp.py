@@ -77,7 +77,7 @@ class TorchTPHead(Subject):
         return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
 
     def world_size(self, values):
-        return values.get("tp", 1)
+        return values["tp"]
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         from torch.distributed.tensor import DTensor
@@ -95,7 +95,7 @@ class TorchTPHead(Subject):
 
     def requires(self, values):
         found = super().requires(values)
-        if values.get("device") == "cuda" and self.all_gathers:
+        if values["device"] == "cuda" and self.all_gathers:
             found.append(f"gpus{self.world_size(values)}")
         return found
 
@@ -240,14 +240,14 @@ class TorchVocabParallelEmbedding(TorchTPHead):
     def requires(self, values):
         # Untied, the lookup's Partial -> Replicate is an all-reduce; tied, the head all-gathers its logits.
         found = super().requires(values)
-        return found if values.get("tied") else [r for r in found if not r.startswith("gpus")]
+        return found if values["tied"] else [r for r in found if not r.startswith("gpus")]
 
     def plan(self, values):
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import RowwiseParallel
 
         plan = {"embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
-        if values.get("tied"):
+        if values["tied"]:
             plan[values["head"]] = _colwise()
         return plan
 
@@ -257,7 +257,7 @@ class TorchVocabParallelEmbedding(TorchTPHead):
 
     def claims(self, values):
         head = values["head"]
-        tied = values.get("tied", False)
+        tied = values["tied"]
         return Claims(module_types={"embed_tokens": "Embedding(Shard(dim=0),)", "proj": "Linear",
                                     head: "Linear(Shard(dim=0),)" if tied else "Linear"},
                       param_shards={"embed_tokens.weight": 0, f"{head}.bias": 0 if tied else None},

@@ -12,6 +12,7 @@ from parity.checks.tolerances import (clip_coefficient_error, judge_close, parit
 from parity.matrix.cases import load
 from parity.observe.observations import RankObservations
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 BF16_U = unit_roundoff("bf16")
 
@@ -90,8 +91,9 @@ def test_small_tensors_are_judged_by_the_max_criterion_alone():
 
 # -- stage-local oracles, end to end: the reference's own trajectory played back as a subject's -----
 
-CASE = {"dtype": "bf16", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": True, "head": "lm_head",
-        "ignore": "scattered", "zero": 0, "gas": 2, "tp": 1, "dp": 1, "device": "cpu"}
+CASE = resolve(SUBJECTS["column_gathered"], {"dtype": "bf16", "reduction": "mean", "vocab": 35, "hidden": 32, "bias": True,
+                                             "head": "lm_head", "ignore": "scattered", "zero": 0, "gas": 2, "tp": 1,
+                                             "dp": 1, "device": "cpu"})
 
 
 def played_back(subject, values):
@@ -111,7 +113,7 @@ def numerical(checks, name):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_stage_checks_pass_the_reference_and_run_on_every_micro_batch(dtype):
-    subject, values = SUBJECTS["column_gathered"], {**CASE, "dtype": dtype}
+    subject, values = SUBJECTS["column_gathered"], CASE.replace(dtype=dtype)
     reference, oracle = reference_pair(subject, values)
     checks = compare(subject, values, played_back(subject, values), reference, oracle)
     for name in ("loss[stage]", "head_input_grad[stage]", "logits[stage]", "grad[lm_head.weight][stage]",
@@ -177,16 +179,16 @@ def test_the_logits_stage_finds_a_tied_heads_own_bias():
     from parity.matrix.cases import load
 
     case = next(c for c in load() if c.id == TIED_BIAS_CASE)
-    subject, values = SUBJECTS[case.subject], {**case.values, "tp": 1}  # played back: one unsharded rank
+    subject, values = SUBJECTS[case.subject], case.values.replace(tp=1)  # played back: one unsharded rank
     reference, oracle = reference_pair(subject, values)
     checks = compare(subject, values, played_back(subject, values), reference, oracle)
     stage = [c for c in checks if c.name == "logits[stage]"]
     assert stage and all(c.passed for c in stage), [c.describe() for c in stage if not c.passed][:3]
 
 
-def case_values(case_id: str, **changes) -> dict:
+def case_values(case_id: str, **changes):
     (case,) = [c for c in load() if c.id == case_id]
-    return {**case.values, **changes}
+    return case.values.replace(**changes)
 
 
 def played_back_and_perturbed(subject_name, values, observable=None, mode="scale", eps=0.0):

@@ -8,9 +8,10 @@ from parity.checks.verdict import FAILED
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
-CE_VALUES = {"dtype": "bf16", "reduction": "none", "vocab": 35, "ignore": "scattered", "tp": 2, "device": "cpu",
-             "backward": "once", "seed": 0}
+CE_VALUES = resolve(SUBJECTS["ds_vocab_ce"], {"dtype": "bf16", "reduction": "none", "vocab": 35, "ignore": "scattered",
+                                             "tp": 2, "device": "cpu", "backward": "once", "seed": 0})
 
 
 def honest_observations(subject, values, reference, dtype_of=None):

@@ -6,19 +6,23 @@ from parity.checks.compare import Comparison
 from parity.observe.observations import RankObservations
 from parity.observe.partition import mesh_groups, shard_slice
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 TP, WORLD, VOCAB, GRAIN = 3, 6, 35, 1
+VALUES = resolve(SUBJECTS["vocab_parallel"], {"vocab": VOCAB, "tp": TP, "dp": WORLD // TP, "grain": GRAIN})
 
 
 def decisions(rank):
+    """What an honest rank records: the mesh formulas, its head range, and what the configuration decides."""
     part = shard_slice(VOCAB, TP, rank % TP, GRAIN)
-    return {**mesh_groups(rank, WORLD, TP), "engine_dp_world": WORLD // TP, "head_vocab_range": [part.start, part.stop]}
+    return {**mesh_groups(rank, WORLD, TP), "engine_dp_world": WORLD // TP, "head_vocab_range": [part.start, part.stop],
+            **SUBJECTS["vocab_parallel"].decided(VALUES)}
 
 
 def judge(facts_by_rank):
     c = object.__new__(Comparison)  # only what check_rank_decisions reads
-    c.tp, c.grain, c.split, c.values, c.checks = TP, GRAIN, "near_even", {"vocab": VOCAB}, []
-    c.subject = SUBJECTS["vocab_parallel"]  # what the case's configuration makes it decide: nothing more here
+    c.tp, c.grain, c.split, c.values, c.checks = TP, GRAIN, "near_even", VALUES, []
+    c.subject = SUBJECTS["vocab_parallel"]
     c.obs = {}
     for r, facts in facts_by_rank.items():
         o = RankObservations(r, r % TP, r // TP)

@@ -8,6 +8,7 @@ from parity.checks import perturb
 from parity.checks.compare import Check
 from parity.observe.observations import RankObservations
 from parity.subjects.base import Claims
+from parity.subjects.values import resolve
 
 
 def observations():
@@ -84,8 +85,10 @@ def test_a_known_divergence_is_measured_on_the_checks_its_mark_does_not_explain(
 
     monkeypatch.setattr(sensitivity, "compare", compare)
     monkeypatch.setattr(sensitivity, "reference_pair", lambda subject, values: (None, None))
-    monkeypatch.setitem(sensitivity.SUBJECTS, "fake", SimpleNamespace(claims=lambda values: CLAIMS))
-    case = SimpleNamespace(id="fake-case", subject="fake", values={"dtype": "bf16", "tp": 2}, collectives=(),
+    fake = SimpleNamespace(name="fake", axes={"dtype": None, "tp": None}, defaults={}, claims=lambda values: CLAIMS)
+    monkeypatch.setitem(sensitivity.SUBJECTS, "fake", fake)
+    case = SimpleNamespace(id="fake-case", subject="fake", values=resolve(fake, {"dtype": "bf16", "tp": 2}),
+                           collectives=(),
                            divergence=Divergence(reason="r", repro="ci/repro/x.py", checks=("contract",)))
     entry = sensitivity.measure_case(case, SimpleNamespace(observations=observations()))
     assert entry["baseline_failed"] == [] and entry["divergence_failed"] == ["contract[grad]"]

@@ -146,9 +146,9 @@ def test_repro_carries_environment_and_strict(monkeypatch):
 
 
 def test_repro_names_the_visible_gpus_of_a_cuda_case(monkeypatch):
-    case = next(c for c in load() if c.values.get("device") == "cuda")
+    case = next(c for c in load() if c.values.optional("device", None) == "cuda")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
     monkeypatch.delenv("PARITY_SUBJECT_MODULES")  # tests/conftest.py sets it for the whole session
     assert Verdict(case, FAILED, env=repro_env(case, RunSettings.from_env())).repro().startswith("CUDA_VISIBLE_DEVICES=1,2 parity run ")
-    cpu = next(c for c in load() if c.values.get("device") == "cpu")
+    cpu = next(c for c in load() if c.values.optional("device", None) == "cpu")
     assert "CUDA_VISIBLE_DEVICES" not in repro_env(cpu, RunSettings.from_env())

@@ -12,6 +12,10 @@ from parity.harness.runner import BASELINE_SETTINGS, Runner, default_jobs, run_s
 from parity.matrix.cases import load
 from parity.report.records import result_lines
 from parity.settings import RunSettings
+from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
+
+CPU_VALUES = resolve(SUBJECTS["column_gathered"], {"device": "cpu"})  # a stand-in case's values
 
 
 def mixed_selection():
@@ -21,7 +25,7 @@ def mixed_selection():
         lambda c: c.subject == "ds_vocab_ce" and c["dtype"] == "bf16" and c["tp"] == 2,
         lambda c: c.subject == "ds_reject",
         lambda c: c.divergence is not None and c.subject != "liger_vocab_ce",
-        lambda c: c.values.get("device") == "cuda",
+        lambda c: c.values.optional("device", None) == "cuda",
         # rank 1 asserts in ZeRO 3's first forward, rank 0 waits in a collective (a stuck peer)
         lambda c: c.subject == "row_parallel" and c.divergence is not None and bool(c.divergence.raises)
         and c["zero"] == 3 and c["dtype"] == "fp32",
@@ -135,7 +139,7 @@ def test_dispatch_passes_a_batch_that_does_not_fit_but_not_for_ever():
     from parity.harness.job_processes import JobProcesses
 
     def batch(world):
-        return [(0, SimpleNamespace(world_size=world, values={"device": "cpu"}))]
+        return [(0, SimpleNamespace(world_size=world, values=CPU_VALUES))]
 
     class Job(SimpleNamespace):
         idle = property(lambda self: not self.batch)
@@ -183,7 +187,7 @@ def test_a_batch_waits_for_the_probe_it_needs_and_the_others_do_not():
                      tasks=SimpleNamespace(put=lambda item, i=i: sent.append((i, item)))) for i in range(3)]
 
     def batch(index):
-        return [(index, SimpleNamespace(world_size=2, values={"device": "cpu"}))]
+        return [(index, SimpleNamespace(world_size=2, values=CPU_VALUES))]
     pending = deque([batch(0), batch(1), batch(2)])
     jobs._dispatch(pending, {})
     assert [b[0][0] for b in pending] == [0]  # the two that need no unanswered probe went

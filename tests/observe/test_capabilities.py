@@ -25,7 +25,7 @@ def test_engine_cases_on_cpu_in_fp16_need_cpu_fp16_and_nothing_else_does():
     assert {ENGINE_FP16, INFERENCE_FP16} <= needing and DIRECT_FP16 not in needing
     for c in load():
         if c.id in needing:
-            assert c["dtype"] == "fp16" and c.values.get("device", "cpu") == "cpu", c.id
+            assert c["dtype"] == "fp16" and c.values.optional("device", "cpu") == "cpu", c.id
 
 
 def test_simulated_missing_capability_is_named(monkeypatch):
@@ -82,9 +82,9 @@ PLAIN_CPU = "ds_vocab_ce-fp32-none-v32-ign_none-tp2-cpu"  # DeepSpeed's torch CE
 def test_every_liger_case_on_cpu_needs_the_interpreter_and_nothing_else_does():
     needing = {c.id for c in load() if "triton_interpreter" in SUBJECTS[c.subject].requires(c.values)}
     # The Liger subjects on CPU, and DeepSpeed AutoTP cases that claim Triton for its Liger backend.
-    liger_cpu = {c.id for c in load() if c.values.get("device", "cpu") == "cpu"
+    liger_cpu = {c.id for c in load() if c.values.optional("device", "cpu") == "cpu"
                  and (c.subject in ("liger_vocab_ce", "ds_liger_ce")
-                      or (c.values.get("triton") == "claimed" and c.values.get("backend") == "liger"))}
+                      or (c.values.optional("triton", None) == "claimed" and c.values.optional("backend", None) == "liger"))}
     assert set(LIGER_CPU) <= needing and len(needing) >= 30 and PLAIN_CPU not in needing
     assert needing == liger_cpu
 

@@ -27,12 +27,13 @@ def test_a_float32_product_is_float32_unless_its_values_are_the_expected_dtype()
 
 def test_fused_ce_claims_the_autocast_gemm_dtype_only_under_autocast():
     from parity.subjects import SUBJECTS
+    from parity.subjects.values import resolve
 
     subject = SUBJECTS["ds_fused_linear_ce"]
-    values = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "bias": True, "chunk": 0, "ignore": "scattered",
-              "tp": 2, "device": "cpu"}
+    values = resolve(subject, {"dtype": "fp32", "reduction": "mean", "vocab": 35, "bias": True, "chunk": 0,
+                               "ignore": "scattered", "tp": 2, "device": "cpu"})
     assert subject.claims(values).gemm_dtype is None
-    on = {**values, "autocast": "bf16"}
+    on = values.replace(autocast="bf16")
     assert subject.claims(on).gemm_dtype == "bfloat16" and subject.claims(on).stage_local
     assert subject.invalid(on) is None
-    assert subject.invalid({**on, "dtype": "bf16"}) is not None
+    assert subject.invalid(on.replace(dtype="bf16")) is not None

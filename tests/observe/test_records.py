@@ -45,7 +45,7 @@ def test_floor_rules():
 
 
 def _cases():
-    return [c for c in load() if not c.expect.is_error and c.values.get("device", "cpu") == "cpu"]
+    return [c for c in load() if not c.expect.is_error and c.values.optional("device", "cpu") == "cpu"]
 
 
 def test_only_block_kinds_are_sharded():
@@ -62,7 +62,8 @@ def test_dtype_contract_is_the_references():
     first = {}
     for case in _cases():
         v = case.values
-        first.setdefault((case.subject, v.get("dtype"), v.get("autocast", "off"), v.get("bf16_master")), case)
+        first.setdefault((case.subject, v.optional("dtype", None), v.optional("autocast", "off"),
+                          v.optional("bf16_master", None)), case)
     for (subject, dtype, autocast, bf16_master), case in sorted(first.items(), key=repr):
         reference = SUBJECTS[subject].reference(case.values)
         master = SUBJECTS[subject].training_spec(case.values).master

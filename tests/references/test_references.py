@@ -128,7 +128,8 @@ def test_sgd_moves_weights_and_oracle_tracks_fp32():
 def test_a_padding_token_is_looked_up_in_every_micro_batch_and_leaves_other_data_alone():
     """A padding_idx case proves something only where its token is an input (at seed 3 of the default
     matrix token 33 never was, and DeepSpeed's dropped padding_idx went unseen)."""
-    from parity.subjects.base import Subject
+    from parity.subjects import SUBJECTS
+    from parity.subjects.values import resolve
     from references.data import make_batch
 
     for seed in range(20):
@@ -139,9 +140,14 @@ def test_a_padding_token_is_looked_up_in_every_micro_batch_and_leaves_other_data
             assert torch.equal(plain["labels"], padded["labels"])
             differ = plain["input_ids"] != padded["input_ids"]
             assert int(differ.sum()) <= 1
-    spec = Subject.training_spec(None, {"vocab": 34, "padding": "last"})
+    embedding = SUBJECTS["vocab_parallel_embedding"]  # Subject.training_spec, with a padding axis
+
+    def spec_of(**values):
+        return embedding.training_spec(resolve(embedding, values))
+
+    spec = spec_of(vocab=34, padding="last")
     assert spec.pad_token == 33 and all((b["input_ids"] == 33).any() for b in spec.batches(0, 0, 34, -100))
-    assert Subject.training_spec(None, {"vocab": 34}).pad_token is None
+    assert spec_of(vocab=34).pad_token is None
 
 
 def test_without_master_a_bf16_model_is_stepped_as_torch_optim_sgd_steps_it():

@@ -17,6 +17,7 @@ from parity.checks.compare import compare, reference_pair
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 from references.cross_entropy import (SCALAR_UPSTREAM, ce_inputs, ce_reference, linear_ce_inputs,
                                       linear_ce_reference, reduce_losses)
 from references.loss import token_losses
@@ -87,16 +88,20 @@ def test_linear_ce_inputs_are_exact_in_the_case_dtype():
 
 
 def test_claims_name_sharded_records():
-    ce = SUBJECTS["ds_vocab_ce"].claims({})
+    ce = SUBJECTS["ds_vocab_ce"].claims(resolve(SUBJECTS["ds_vocab_ce"], {}))
     assert ce.micro_records == {"loss": None, "logits_grad": -1, "logits_after": -1}
     assert ce.exact_records == ("logits_after",)
     fused = SUBJECTS["ds_fused_linear_ce"]
-    assert fused.claims({"bias": True}).micro_records == {"loss": None, "hidden_grad": None, "weight_grad": 0,
+
+    def claims(**values):
+        return fused.claims(resolve(fused, values))
+
+    assert claims(bias=True).micro_records == {"loss": None, "hidden_grad": None, "weight_grad": 0,
                                                           "bias_grad": 0}
-    assert "bias_grad" not in fused.claims({"bias": False}).micro_records
+    assert "bias_grad" not in claims(bias=False).micro_records
     # Its low-precision records are one computation from the reference's exact inputs (compare.close).
-    assert fused.claims({"bias": True, "dtype": "bf16"}).stage_local
-    assert not fused.claims({"bias": True, "dtype": "fp32"}).stage_local
+    assert claims(bias=True, dtype="bf16").stage_local
+    assert not claims(bias=True, dtype="fp32").stage_local
 
 
 def test_case_file_covers_uneven_vocab_reductions_and_chunks():
@@ -136,7 +141,7 @@ def _observations(subject, values, plant=None, reference=None):
     claims = subject.claims(values)
     tp = values["tp"]
     obs = {}
-    for rank in range(tp * values.get("sp", 1)):
+    for rank in range(tp * values.optional("sp", 1)):
         o = RankObservations(rank, rank % tp, rank // tp)  # the SP rank in the DP slot, as the ranks report it
         o.facts["state_at_start"] = subject.clean_state
         for kind, dim in claims.micro_records.items():
@@ -157,18 +162,20 @@ def _failed(subject, values, obs):
     return [c.name for c in compare(subject, values, obs, *reference_pair(subject, values)) if not c.passed]
 
 
-FUSED = {"dtype": "bf16", "reduction": "mean", "vocab": 35, "bias": True, "chunk": 5, "ignore": "scattered", "tp": 3,
-         "device": "cpu"}
-VOCAB = {"dtype": "fp16", "reduction": "sum", "vocab": 269, "ignore": "scattered", "tp": 3, "device": "cpu"}
+FUSED = resolve(SUBJECTS["ds_fused_linear_ce"], {"dtype": "bf16", "reduction": "mean", "vocab": 35, "bias": True,
+                                                 "chunk": 5, "ignore": "scattered", "tp": 3, "device": "cpu"})
+VOCAB = resolve(SUBJECTS["ds_vocab_ce"], {"dtype": "fp16", "reduction": "sum", "vocab": 269, "ignore": "scattered",
+                                          "tp": 3, "device": "cpu"})
 
 
-SEQUENCE = {"dtype": "fp32", "reduction": "mean", "vocab": 32, "ignore": "scattered", "tp": 2, "sp": 2, "device": "cpu"}
-FUSED_SEQUENCE = {**FUSED, "tp": 2, "sp": 2, "chunk": 0}
+SEQUENCE = resolve(SUBJECTS["ds_vocab_ce"], {"dtype": "fp32", "reduction": "mean", "vocab": 32, "ignore": "scattered",
+                                             "tp": 2, "sp": 2, "device": "cpu"})
+FUSED_SEQUENCE = FUSED.replace(tp=2, sp=2, chunk=0)
 
 
 @pytest.mark.parametrize("name,values", [("ds_fused_linear_ce", FUSED), ("ds_vocab_ce", VOCAB),
-                                         ("ds_vocab_ce", SEQUENCE), ("ds_vocab_ce", {**SEQUENCE, "reduction": "none"}),
-                                         ("ds_vocab_ce", {**SEQUENCE, "reduction": "none", "seq_gather": True}),
+                                         ("ds_vocab_ce", SEQUENCE), ("ds_vocab_ce", SEQUENCE.replace(reduction="none")),
+                                         ("ds_vocab_ce", SEQUENCE.replace(reduction="none", seq_gather=True)),
                                          ("ds_fused_linear_ce", FUSED_SEQUENCE)])
 def test_faithful_observations_pass(name, values):
     subject = SUBJECTS[name]
@@ -209,7 +216,7 @@ def test_remainder_on_the_last_rank_is_caught():
 def test_bf16_fused_ce_scalar_loss_catches_a_one_percent_scale(reduction):
     # The fused CE's loss is float32 from bf16 logits, each rounded once: its floor is float32's, and
     # the bf16 part is the reference's own error. Under a bf16 floor (16 units of the loss) a 6% scale passed.
-    subject, values = SUBJECTS["ds_fused_linear_ce"], {**FUSED, "reduction": reduction}
+    subject, values = SUBJECTS["ds_fused_linear_ce"], FUSED.replace(reduction=reduction)
     assert _failed(subject, values, _observations(subject, values)) == []
     obs = _observations(subject, values, lambda k, a: a * 1.01 if k == "loss" else a)
     assert "loss" in _failed(subject, values, obs)
@@ -220,30 +227,32 @@ def test_bf16_fused_ce_scalar_loss_catches_a_one_percent_scale(reduction):
 def test_global_vocab_axis_names_the_size_passed():
     from parity.subjects.deepspeed_ce import global_vocab_size
 
-    assert [global_vocab_size({"vocab": 35, "global_vocab": g}) for g in ("unset", "exact", "under", "over")] == \
-        [None, 35, 34, 36]
-    assert global_vocab_size({"vocab": 35}) is None  # the axis's default: not passed, DeepSpeed validates
+    def size(**values):
+        return global_vocab_size(resolve(SUBJECTS["ds_vocab_ce"], values))
+
+    assert [size(vocab=35, global_vocab=g) for g in ("unset", "exact", "under", "over")] == [None, 35, 34, 36]
+    assert size(vocab=35) is None  # the axis's default: not passed, DeepSpeed validates
 
 
 def test_ds_liger_ce_backend_claim_follows_the_true_layout_on_the_gated_path():
     """Through DeepSpeed's gate (cuda, or triton claimed on CPU) the backend that must run is decided from the
     real shards, never from the global_vocab_size the case passes: Liger on equal shards, torch on uneven ones."""
     subject = SUBJECTS["ds_liger_ce"]
-    base = {"dtype": "fp32", "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once"}
+    base = resolve(subject, {"dtype": "fp32", "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once"})
     for vocab, gvs, want in [(32, "exact", "liger"), (32, "over", "liger"), (35, "over", "torch"),
                              (35, "exact", "torch")]:
-        values = {**base, "vocab": vocab, "global_vocab": gvs, "triton": "claimed"}
+        values = base.replace(vocab=vocab, global_vocab=gvs, triton="claimed")
         assert subject.claims(values).loss_backend == want
         assert not subject.needs_equal_shards(values)  # an uneven layout runs (DeepSpeed routes it), no skip
-    direct = {**base, "vocab": 35, "global_vocab": "unset", "triton": "device"}
+    direct = base.replace(vocab=35, global_vocab="unset", triton="device")
     assert subject.claims(direct).loss_backend is None and subject.needs_equal_shards(direct)
     assert "equal vocabulary shards" in subject.unavailable_reason(direct)
 
 
 def test_ds_liger_ce_direct_path_refuses_a_global_vocab_it_would_ignore():
     subject = SUBJECTS["ds_liger_ce"]
-    values = {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once",
-              "global_vocab": "over", "triton": "device"}
+    values = resolve(subject, {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu",
+                               "backward": "once", "global_vocab": "over", "triton": "device"})
     with pytest.raises(ValueError, match="global_vocab needs the gated path"):
         subject.loss(values, None, None, None, None, None, RankObservations(0, 0, 0))
 
@@ -263,15 +272,15 @@ def test_liger_smoothing_options_reach_liger_and_leave_the_reference_torchs(monk
 
     monkeypatch.setattr(liger, "LigerVocabParallelCEFunction", Recorder)
     subject = SUBJECTS["liger_vocab_ce"]
-    values = {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu", "backward": "once",
-              "targets": "valid", "label_smoothing": 0.1}
+    values = resolve(subject, {"dtype": "fp32", "vocab": 32, "ignore": "scattered", "tp": 2, "device": "cpu",
+                               "backward": "once", "targets": "valid", "label_smoothing": 0.1})
     local, targets = torch.zeros(24, 16), torch.zeros(24, dtype=torch.long)
     for formula, mode in [("pytorch", "global"), ("megatron", "global"), ("pytorch", "partition")]:
-        subject.loss({**values, "ls_formula": formula, "ls_mode": mode}, None, local, targets, None, None, None)
+        subject.loss(values.replace(ls_formula=formula, ls_mode=mode), None, local, targets, None, None, None)
     assert seen == [(0.1, "pytorch", "global"), (0.1, "megatron", "global"), (0.1, "pytorch", "partition")]
-    torch_ref = subject.reference({**values, "ls_formula": "pytorch", "ls_mode": "global"})
+    torch_ref = subject.reference(values.replace(ls_formula="pytorch", ls_mode="global"))
     for formula, mode in [("megatron", "global"), ("megatron", "partition")]:
-        ref = subject.reference({**values, "ls_formula": formula, "ls_mode": mode})
+        ref = subject.reference(values.replace(ls_formula=formula, ls_mode=mode))
         assert all(torch.equal(ref.records[k], torch_ref.records[k]) for k in torch_ref.records)
 
 
@@ -296,7 +305,7 @@ def test_a_mean_of_the_sequence_chunks_means_is_caught():
 
 
 def test_sequence_chunks_on_the_wrong_sp_ranks_are_caught():
-    subject, values = SUBJECTS["ds_vocab_ce"], {**SEQUENCE, "reduction": "none"}
+    subject, values = SUBJECTS["ds_vocab_ce"], SEQUENCE.replace(reduction="none")
     obs = _observations(subject, values)
     for tp_rank in range(2):  # ranks tp_rank (SP 0) and tp_rank + 2 (SP 1) swap their rows
         first, second = obs[tp_rank].tensors, obs[tp_rank + 2].tensors
@@ -321,9 +330,10 @@ def test_ce_reference_with_another_ignore_index_is_torchs(ignore_index, reductio
 
 def test_a_stray_minus100_target_needs_another_ignore_index():
     subject = SUBJECTS["ds_vocab_ce"]
-    base = {"dtype": "fp32", "reduction": "none", "vocab": 35, "ignore": "scattered", "tp": 2, "targets": "minus100"}
+    base = resolve(subject, {"dtype": "fp32", "reduction": "none", "vocab": 35, "ignore": "scattered", "tp": 2,
+                             "targets": "minus100"})
     assert subject.invalid(base)
-    assert subject.invalid({**base, "ignore_index": 3}) is None
+    assert subject.invalid(base.replace(ignore_index=3)) is None
 
 
 def test_uneven_sequence_chunks_cover_the_sequence():
@@ -342,7 +352,7 @@ def test_a_mean_of_uneven_chunks_means_is_caught(weighted):
     weighs the chunks by their counted targets, not their tokens."""
     from references.cross_entropy import sequence_chunk
 
-    values = {**SEQUENCE, "vocab": 35, "sp_chunks": "uneven"}
+    values = SEQUENCE.replace(vocab=35, sp_chunks="uneven")
     subject = SUBJECTS["ds_vocab_ce"]
     assert subject.invalid(values) is None
     logits, targets, _ = ce_inputs(4321, 24, 35, "scattered", torch.float32)
@@ -354,4 +364,4 @@ def test_a_mean_of_uneven_chunks_means_is_caught(weighted):
     assert "loss" in _failed(subject, values, _observations(subject, values, lambda k, a: np.asarray(wrong)
                                                             if k == "loss" else a))
     assert _failed(subject, values, _observations(subject, values)) == []
-    assert subject.invalid({**values, "seq_gather": True, "reduction": "none"})
+    assert subject.invalid(values.replace(seq_gather=True, reduction="none"))

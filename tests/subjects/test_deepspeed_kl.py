@@ -15,6 +15,7 @@ from parity.matrix.cases import load_file
 from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
 from parity.subjects.deepspeed_kl import teacher_columns
+from parity.subjects.values import resolve
 from references.cross_entropy import ce_inputs, ce_reference
 from references.kl_div import kl_inputs, kl_reference, token_kl
 from references.loss import token_losses
@@ -102,8 +103,8 @@ def test_teacher_layouts(vocab, tp):
 
 def test_ce_module_reference_takes_the_ignore_index_axis():
     subject = SUBJECTS["ds_vocab_ce_module"]
-    values = {"dtype": "fp32", "reduction": "sum", "vocab": 35, "ignore": "scattered", "ignore_index": 0,
-              "backend": "torch", "triton": "device", "tp": 3, "device": "cpu"}
+    values = resolve(subject, {"dtype": "fp32", "reduction": "sum", "vocab": 35, "ignore": "scattered", "ignore_index": 0,
+                               "backend": "torch", "triton": "device", "tp": 3, "device": "cpu"})
     got = subject.reference(values).get("loss", 0, 0, 0, None)
     zero = ce_reference(SEED, TOKENS, 35, "scattered", torch.float32, None, 0, reduction="sum").get("loss", 0, 0, 0, None)
     assert torch.equal(got, zero)
@@ -112,10 +113,10 @@ def test_ce_module_reference_takes_the_ignore_index_axis():
     assert (targets == 0).sum() >= 2
     assert abs(float(token_losses(logits, targets, -100).sum()) - float(got)) > 1.0
     assert subject.claims(values).loss_backend == "torch"
-    assert subject.claims({**values, "vocab": 32, "tp": 2, "backend": "liger", "triton": "claimed"}).loss_backend \
+    assert subject.claims(values.replace(vocab=32, tp=2, backend="liger", triton="claimed")).loss_backend \
         == "liger"
     # Every other loss-only subject keeps -100.
-    assert SUBJECTS["ds_vocab_ce"].ignore_index({"vocab": 35}) == -100
+    assert SUBJECTS["ds_vocab_ce"].ignore_index(resolve(SUBJECTS["ds_vocab_ce"], {"vocab": 35})) == -100
 
 
 def test_case_file_covers_kl_and_the_module():
@@ -142,8 +143,8 @@ def test_case_file_covers_kl_and_the_module():
 
 # -- the comparison, fed observations made from the reference (no ranks) ------------------------
 
-KL = {"dtype": "bf16", "reverse": True, "vocab": 32, "kl_grad": "both", "kl_shards": "same", "tp": 3,
-      "device": "cpu"}
+KL = resolve(SUBJECTS["ds_vocab_kl"], {"dtype": "bf16", "reverse": True, "vocab": 32, "kl_grad": "both",
+                                      "kl_shards": "same", "tp": 3, "device": "cpu"})
 
 
 def _failed(subject, values, obs):
@@ -157,7 +158,7 @@ def test_faithful_kl_observations_pass():
 
 def test_the_other_direction_is_caught():
     subject = SUBJECTS["ds_vocab_kl"]
-    swapped = subject.reference({**KL, "reverse": False})
+    swapped = subject.reference(KL.replace(reverse=False))
     failed = _failed(subject, KL, _observations(subject, KL, reference=swapped))
     assert {"loss", "student_grad", "teacher_grad"} <= set(failed)
 

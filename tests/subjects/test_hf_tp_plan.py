@@ -15,6 +15,7 @@ if find_spec("transformers") is None:
     skip_or_fail("transformers is not installed (pip install -e '.[hf]'); requirements-cpu.txt pins it")
 
 from parity.subjects import SUBJECTS  # noqa: E402
+from parity.subjects.values import resolve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"dtype": "fp32", "reduction": "mean", "vocab": 33, "ignore": "scattered", "zero": 0, "gas": 2, "tp": 2,
@@ -39,7 +40,7 @@ def plan_of(model):
 ])
 def test_claims_declare_every_parameter_the_plan_shards(name, extra, head_style):
     subject = SUBJECTS[name]
-    values = {**BASE, **extra}
+    values = resolve(subject, {**BASE, **extra})
     model = subject.build(values, __import__("torch").float32)
     plan = plan_of(model)
     assert plan["lm_head"] == head_style
@@ -63,7 +64,7 @@ def test_tied_vocab_parallel_settings():
     for setting, config, vocab_parallel in (("true", {"vocab_parallel_lm_head": True}, True),
                                             ("false", {"vocab_parallel_lm_head": False}, False),
                                             ("unset", {}, True)):
-        values = {**BASE, "vocab_parallel_lm_head": setting}
+        values = resolve(subject, {**BASE, "vocab_parallel_lm_head": setting})
         assert subject.tensor_parallel_config(values) == config
         claims = subject.claims(values)
         assert claims.shared_params == (("lm_head.weight", "model.embed_tokens.weight"),)
@@ -75,9 +76,9 @@ def test_tied_vocab_parallel_settings():
 
 
 def test_reference_runs_without_deepspeed():
-    code = ("import sys; from parity.subjects import SUBJECTS; import torch;"
-            "v = {'dtype': 'bf16', 'reduction': 'num_items', 'vocab': 33, 'ignore': 'scattered', 'zero': 0, 'gas': 2,"
-            " 'tp': 2, 'device': 'cpu', 'vocab_parallel_lm_head': 'unset'};"
+    code = ("import sys; from parity.subjects import SUBJECTS; from parity.subjects.values import resolve; import torch;"
+            "v = resolve(SUBJECTS['hf_plan_tied'], {'dtype': 'bf16', 'reduction': 'num_items', 'vocab': 33,"
+            " 'ignore': 'scattered', 'zero': 0, 'gas': 2, 'tp': 2, 'device': 'cpu', 'vocab_parallel_lm_head': 'unset'});"
             "t = SUBJECTS['hf_plan_tied'].reference(v, torch.float64);"
             "assert ('grad', 4, None, None, 'model.embed_tokens.weight') in t.records;"
             "assert not [m for m in sys.modules if m.split('.')[0] in ('deepspeed', 'liger_kernel')], 'imported'")

@@ -3,19 +3,19 @@ parallel subjects hand DeepSpeed and expect it to read back, without a rank."""
 import pytest
 
 from parity.matrix.axes import AXES
-from parity.matrix.cases import CASES_DIR, load_file, subject_axes
+from parity.matrix.cases import CASES_DIR, load_file
 from parity.subjects import SUBJECTS
 from parity.subjects.base import NAMED_HEADS
+from parity.subjects.values import resolve
 from references.model_config import MODEL_CONFIGS, hf_like_config, text_kv_heads
 
 REPRO = "ci/repro/deepspeed_kv_head_rule_on_lm_head.py"
 CASES = [c for f in ("deepspeed_heads.toml", "deepspeed_tied_heads.toml") for c in load_file(CASES_DIR / f)
-         if c.values.get("model_config", "none") != "none" or c.values.get("head") == "output"]
+         if c.values.optional("model_config", "none") != "none" or c.values.optional("head", None) == "output"]
 
 
 def _values(subject, **axes):
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def test_the_axis_offers_every_named_config_and_is_quiet_at_none():
@@ -88,7 +88,7 @@ def test_case_files_mark_exactly_the_heads_the_name_test_misses():
     assert CASES
     for case in CASES:
         v = case.values
-        k = text_kv_heads(v.get("model_config", "none"))
+        k = text_kv_heads(v.optional("model_config", "none"))
         misses_name = v["head"] != "lm_head"
         split_by_heads = k is not None and misses_name and v["vocab"] % k == 0 and k % v["tp"] != 0
         assert (case.divergence is not None) == split_by_heads, case.id

@@ -16,7 +16,7 @@ def test_the_engine_heads_have_it_quiet_at_plain():
 
 
 def test_zero_init_cases_are_zero3_and_only_an_explicit_dtype_diverges():
-    cases = [c for c in load() if c.values.get("model_init", "plain") != "plain"]
+    cases = [c for c in load() if c.values.optional("model_init", "plain") != "plain"]
     assert {c["model_init"] for c in cases} == {"tp_model_init", "zero_init", "zero_init_dtype"}
     for case in cases:
         if case["model_init"].startswith("zero_init"):
@@ -27,7 +27,7 @@ def test_zero_init_cases_are_zero3_and_only_an_explicit_dtype_diverges():
 
 def test_an_hf_plan_tp_model_init_case_has_no_tensor_parallel_section_but_autotp_size():
     # What user_model leaves of the config: the section goes when only DeepSpeed's defaults remain.
-    for case in (c for c in load() if c.values.get("model_init") == "tp_model_init"):
+    for case in (c for c in load() if c.values.optional("model_init", None) == "tp_model_init"):
         subject = SUBJECTS[case.subject]
         section = dict(subject.ds_config(case.values, subject.training_spec(case.values))["tensor_parallel"])
         del section["autotp_size"]

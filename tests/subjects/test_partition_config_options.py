@@ -15,11 +15,9 @@ REJECTS = load_file(CASES_DIR / "deepspeed_rejects.toml")
 
 
 def _values(subject, **axes):
-    from parity.matrix.axes import AXES
-    from parity.matrix.cases import subject_axes
+    from parity.subjects.values import resolve
 
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def _spec_for(partition_config: dict, param: str):
@@ -28,7 +26,7 @@ def _spec_for(partition_config: dict, param: str):
 
 
 def _cases(cases, axis, value):
-    return [c for c in cases if c.values.get(axis) == value]
+    return [c for c in cases if c.values.optional(axis, None) == value]
 
 
 def test_use_default_specs_sets_only_its_own_key_and_claims_the_same_model():
@@ -41,7 +39,7 @@ def test_use_default_specs_sets_only_its_own_key_and_claims_the_same_model():
     assert "preset_model" not in subject.tensor_parallel_config(_values("column_gathered", use_default_specs="unset"))
     claims = {v: subject.claims(_values("column_gathered", use_default_specs=v)) for v in configs}
     assert claims["false"] == claims["unset"] == claims["true"]
-    cases = [c for c in HEADS if c.values.get("use_default_specs", "false") != "false"]
+    cases = [c for c in HEADS if c.values.optional("use_default_specs", "false") != "false"]
     assert {c["use_default_specs"] for c in cases} == {"unset", "true"}
     assert all(c.divergence is None and not c.expect.is_error and c.collectives for c in cases)  # parity, pinned
 

@@ -15,11 +15,9 @@ HEADS = load_file(CASES_DIR / "deepspeed_heads.toml")
 
 
 def _values(subject, **axes):
-    from parity.matrix.axes import AXES
-    from parity.matrix.cases import subject_axes
+    from parity.subjects.values import resolve
 
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def _head_spec(values):

@@ -64,13 +64,13 @@ def test_reset_clears_tp_model_init_record():
 def test_inference_tp_source_is_quiet_and_its_mpu_cases_are_the_documented_divergence():
     assert AXES["tp_source"].quiet_default and AXES["tp_source"].default == "tp_size"
     assert [n for n, s in SUBJECTS.items() if "tp_source" in s.axes] == ["inference_head"]
-    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("tp_source") == "mpu"]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.optional("tp_source", None) == "mpu"]
     assert cases and all(c.divergence.repro == "ci/repro/deepspeed_inference_user_tp_group_ignored.py" for c in cases)
 
 
 def test_a_second_inference_engine_runs_on_the_first_ones_ranks_with_its_own_claims():
     subject = SUBJECTS["inference_head"]
-    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("prior_tp", 0)]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.optional("prior_tp", 0)]
     assert {(c.values["tp"], c.values["prior_tp"]) for c in cases} == {(2, 2), (2, 4)}
     for case in cases:
         assert case.world_size == case.values["prior_tp"]
@@ -83,20 +83,20 @@ def test_a_second_inference_engine_runs_on_the_first_ones_ranks_with_its_own_cla
         copies = [reference.get("logits", 0, 0, d, None) for d in range(case.world_size // case.values["tp"])]
         assert all((c == copies[0]).all() for c in copies)
     base = cases[0].values
-    assert "no multiple" in subject.invalid({**base, "tp": 3, "prior_tp": 4})
-    assert "mpu" in subject.invalid({**base, "prior_tp": 4, "tp_source": "mpu"})
-    assert subject.world_size({**base, "prior_tp": 0}) == base["tp"]
+    assert "no multiple" in subject.invalid(base.replace(tp=3, prior_tp=4))
+    assert "mpu" in subject.invalid(base.replace(prior_tp=4, tp_source="mpu"))
+    assert subject.world_size(base.replace(prior_tp=0)) == base["tp"]
 
 
 def test_inference_tp_size_below_the_world_is_a_fresh_group_and_its_documented_crash():
     # dp > 1: tp_size 2 on 4 ranks, the engine's own new_group(range(tp_size)); claims of two tp-2 copies.
     subject = SUBJECTS["inference_head"]
-    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.get("dp", 1) > 1]
+    cases = [c for c in load_file(CASES_DIR / "deepspeed_inference.toml") if c.values.optional("dp", 1) > 1]
     assert [(c.values["tp"], c.values["dp"], c.world_size) for c in cases] == [(2, 2, 4)]
     case = cases[0]
     assert case.divergence.repro == "ci/repro/deepspeed_inference_tp_size_below_world.py"
     assert case.divergence.raises.startswith("AssertionError: AutoTP shard sizes")
     reference = subject.reference(case.values)
     assert (reference.get("logits", 0, 0, 0, None) == reference.get("logits", 0, 0, 1, None)).all()
-    assert subject.invalid({**case.values, "prior_tp": 4})
-    assert subject.invalid({**case.values, "tp_source": "mpu"})
+    assert subject.invalid(case.values.replace(prior_tp=4))
+    assert subject.invalid(case.values.replace(tp_source="mpu"))

@@ -8,6 +8,7 @@ from parity.matrix.cases import load_file
 from parity.checks.compare import _take
 from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 ROW_FILE = Path(__file__).resolve().parents[2] / "cases" / "deepspeed_row_head.toml"
 
@@ -17,11 +18,12 @@ ROW_FILE = Path(__file__).resolve().parents[2] / "cases" / "deepspeed_row_head.t
                                               (35, 3, [12, 12, 11])])
 def test_claims_shard_weight_along_hidden_and_replicate_bias(head, hidden, tp, widths):
     subject = SUBJECTS["row_parallel"]
-    claims = subject.claims({"head": head})
+    values = resolve(subject, {"head": head})
+    claims = subject.claims(values)
     assert claims.param_shards == {f"{head}.weight": 1, f"{head}.bias": None}
     assert claims.micro_records["logits"] is None and claims.loss_backend is None
     assert claims.module_types[head] == "LinearAllreduceWithReplicatedInput"
-    specs = subject.tensor_parallel_config({"head": head})["partition_config"]["layer_specs"]
+    specs = subject.tensor_parallel_config(values)["partition_config"]["layer_specs"]
     assert {"patterns": [rf"{head}\.weight$"], "partition_type": "row"} in specs
 
     vocab = 35

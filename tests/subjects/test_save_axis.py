@@ -4,15 +4,15 @@ from types import SimpleNamespace
 
 from parity.explore.domains import HELD_AXES
 from parity.matrix.axes import AXES
-from parity.matrix.cases import load, subject_axes
+from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 
 SAVING = ("column_gathered", "vocab_parallel", "row_parallel", "tied_row_parallel", "tied_vocab_parallel")
 
 
 def _values(subject, **axes):
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, **axes}
+    return resolve(SUBJECTS[subject], axes)
 
 
 def test_the_engine_heads_have_it_quiet_at_none():
@@ -32,7 +32,7 @@ def test_only_a_zero3_save_16bit_asks_deepspeed_to_gather_on_save():
 
 
 def test_save_16bit_below_zero3_is_the_documented_divergence_and_nothing_else_is():
-    cases = [c for c in load() if c.values.get("save", "none") != "none"]
+    cases = [c for c in load() if c.values.optional("save", "none") != "none"]
     assert {c.subject for c in cases} == set(SAVING)
     for case in cases:
         shard_file = case["save"] == "16bit" and case["zero"] < 3
@@ -43,4 +43,4 @@ def test_save_16bit_below_zero3_is_the_documented_divergence_and_nothing_else_is
     # uneven shards over tp 2, 3 and 4, a grain, an empty shard, bf16: each at least once with the TP-aware gather
     consolidated = [c for c in cases if c["save"] == "consolidated"]
     assert {c["tp"] for c in consolidated} == {2, 3, 4}
-    assert any(c.values.get("grain", 1) > 1 for c in consolidated) and any(c["dtype"] == "bf16" for c in consolidated)
+    assert any(c.values.optional("grain", 1) > 1 for c in consolidated) and any(c["dtype"] == "bf16" for c in consolidated)

@@ -18,11 +18,10 @@ OVERLAP_ID = DEFAULT_ID + "-ovl"
 
 
 def _values(subject, **axes):
-    from parity.matrix.axes import AXES
-    from parity.matrix.cases import subject_axes
+    from parity.subjects.values import resolve
 
-    defaults = {a: SUBJECTS[subject].defaults.get(a, AXES[a].default) for a in subject_axes(SUBJECTS[subject])}
-    return {**defaults, "dtype": "fp32", "zero": 0, "tp": 2, "vocab": 35, "backend": "torch", **axes}
+    common = {"dtype": "fp32", "zero": 0, "tp": 2, "vocab": 35, "backend": "torch"}
+    return resolve(SUBJECTS[subject], {**{a: v for a, v in common.items() if a in SUBJECTS[subject].axes}, **axes})
 
 
 @pytest.mark.parametrize("subject", ["column_gathered", "vocab_parallel"])
@@ -44,13 +43,13 @@ def test_bf16_switches_reach_the_config_and_the_decisions_only_when_set():
     subject = SUBJECTS["column_gathered"]
     bf16 = _values("column_gathered", dtype="bf16", zero=1, grad_accum="fp32")
     assert subject.ds_config(bf16, TRAIN)["bf16"] == {"enabled": True}
-    igu = {**bf16, "immediate_grad": True}
+    igu = bf16.replace(immediate_grad=True)
     assert subject.ds_config(igu, TRAIN)["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert subject.decided(igu) == {"optimizer": "BF16_Optimizer", "immediate_grad_update": True,
                                     "grad_acc_hooks": True, "tp_overlap_comm": False,
                                     "column_function": "ColumnParallel", "torch_autocast": None,
                                     "gradient_clipping": 0.0}
-    nochk = {**bf16, "grad_accum": "model", "overflow_check": False}
+    nochk = bf16.replace(grad_accum="model", overflow_check=False)
     assert subject.ds_config(nochk, TRAIN)["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert subject.decided(nochk)["check_grad_overflow"] is False and "optimizer" not in subject.decided(nochk)
 
@@ -79,9 +78,9 @@ def test_clip_key_unset_leaves_the_key_out_and_must_find_the_default():
 
 
 def test_each_switch_case_is_where_deepspeed_reads_the_switch():
-    overlap = [c for c in HEADS if c.values.get("overlap") and c["vocab"] == 35]
+    overlap = [c for c in HEADS if c.values.optional("overlap", None) and c["vocab"] == 35]
     # The rest are the gathered head's empty shard, a known crash of the async backward (overlap_comm_empty_head_shard).
-    empty = [c for c in HEADS if c.values.get("overlap") and c["vocab"] != 35]
+    empty = [c for c in HEADS if c.values.optional("overlap", None) and c["vocab"] != 35]
     assert empty and all(c.subject == "column_gathered" and "cannot reshape" in c.divergence.raises for c in empty)
     assert {c.subject for c in overlap} == {"column_gathered", "vocab_parallel"}
     assert {(c["dtype"], c["zero"], c["tp"], c["bias"]) for c in overlap} == {
@@ -90,12 +89,12 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
     for c in overlap:
         assert c.collectives and not c.expect.is_error
         assert c.divergence is None or (c["dtype"], c["zero"]) == ("bf16", 0)
-    igu = [c for c in HEADS if c.values.get("immediate_grad")]
+    igu = [c for c in HEADS if c.values.optional("immediate_grad", None)]
     assert igu and all((c["dtype"], c["zero"], c["grad_accum"]) == ("bf16", 1, "fp32") for c in igu)  # BF16_Optimizer
-    nochk = [c for c in HEADS if c.values.get("overflow_check") is False]
+    nochk = [c for c in HEADS if c.values.optional("overflow_check", None) is False]
     assert nochk and all(c["dtype"] == "bf16" and c["zero"] in (1, 2) and c["grad_accum"] == "model" for c in nochk)
     assert all(c.divergence is None for c in igu + nochk)
-    master = [c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "model"]
+    master = [c for c in HEADS if c.values.optional("bf16_master", None) and c["grad_accum"] == "model"]
     assert {(c.subject, c["zero"]) for c in master} == {(s, z) for s in ("column_gathered", "vocab_parallel")
                                                          for z in (1, 2, 3)}
     # Only the dtype ZeRO 1/2's safe_get_full_grad hands back may differ: every number is held to plain torch's.
@@ -103,13 +102,18 @@ def test_each_switch_case_is_where_deepspeed_reads_the_switch():
         assert c["dtype"] == "bf16"
         assert (c.divergence is None) if c["zero"] == 3 else tuple(c.divergence.checks) == ("contract[grad]",)
     # With grad_accum fp32, ZeRO 1's BF16_Optimizer drops the switch (documented); ZeRO 2 honours it.
-    dropped = {c["zero"]: c for c in HEADS if c.values.get("bf16_master") and c["grad_accum"] == "fp32"}
+    dropped = {c["zero"]: c for c in HEADS if c.values.optional("bf16_master", None) and c["grad_accum"] == "fp32"}
     assert set(dropped) == {1, 2} and tuple(dropped[2].divergence.checks) == ("contract[grad]",)
     assert {"rank_decisions", "sgd_update"} <= set(dropped[1].divergence.checks)
 
 
 def test_explore_draws_each_bf16_switch_only_where_deepspeed_reads_it():
-    from parity.explore.domains import bf16_switch_off_its_reader as off
+    from parity.explore.domains import bf16_switch_off_its_reader
+    from parity.subjects import SUBJECTS
+    from parity.subjects.values import resolve
+
+    def off(values):  # column_gathered declares every switch
+        return bf16_switch_off_its_reader(resolve(SUBJECTS["column_gathered"], values))
 
     bf16_optimizer = {"dtype": "bf16", "zero": 1, "grad_accum": "fp32"}
     assert off({**bf16_optimizer, "immediate_grad": True}) is None

@@ -9,6 +9,7 @@ from parity.matrix.cases import load, load_file, subject_axes
 from parity.checks.compare import _take
 from parity.observe.partition import shard_sizes, shard_slice
 from parity.subjects import SUBJECTS
+from parity.subjects.values import resolve
 from references.tiny_lm import ModelSpec, build_model
 from references.trajectory import TrainingSpec
 from tests.conftest import skip_or_fail
@@ -20,10 +21,16 @@ BASE = {"dtype": "fp32", "reduction": "mean", "vocab": 35, "hidden": 35, "bias":
         "padding": "none", "embed_spec": "none"}
 
 
+def values_of(name: str, **changes):
+    """BASE and ``changes`` as subject ``name``'s case values: the axes of BASE it declares, the rest at defaults."""
+    subject = SUBJECTS[name]
+    return resolve(subject, {**{a: v for a, v in BASE.items() if a in subject_axes(subject)}, **changes})
+
+
 @pytest.mark.parametrize("hidden,tp,widths", [(32, 2, [16, 16]), (35, 2, [18, 17]), (35, 3, [12, 12, 11])])
 def test_tied_row_claims_one_parameter_sharded_along_hidden(hidden, tp, widths):
     subject = SUBJECTS["tied_row_parallel"]
-    values = {**BASE, "hidden": hidden, "tp": tp}
+    values = values_of("tied_row_parallel", hidden=hidden, tp=tp)
     claims = subject.claims(values)
     assert claims.module_types == {"lm_head": "LinearAllreduceWithReplicatedInput", "proj": "Linear",
                                    "embed_tokens": "HiddenParallelEmbedding"}
@@ -48,7 +55,7 @@ def test_tied_row_claims_one_parameter_sharded_along_hidden(hidden, tp, widths):
 @pytest.mark.parametrize("vocab,tp,widths", [(34, 2, [17, 17]), (35, 2, [18, 17]), (35, 3, [12, 12, 11])])
 def test_tied_vocab_claims_one_parameter_sharded_along_vocab(vocab, tp, widths):
     subject = SUBJECTS["tied_vocab_parallel"]
-    values = {**BASE, "vocab": vocab, "tp": tp}
+    values = values_of("tied_vocab_parallel", vocab=vocab, tp=tp)
     claims = subject.claims(values)
     assert claims.module_types == {"lm_head": "VocabParallelLinear", "proj": "Linear",
                                    "embed_tokens": "VocabParallelEmbedding",
@@ -69,12 +76,12 @@ def test_tied_vocab_claims_one_parameter_sharded_along_vocab(vocab, tp, widths):
 def test_embed_spec_is_listed_before_the_head_and_padding_reaches_the_model(name):
     subject = SUBJECTS[name]
     for kind in ("row", "column"):
-        specs = subject.tensor_parallel_config({**BASE, "embed_spec": kind})["partition_config"]["layer_specs"]
+        specs = subject.tensor_parallel_config(values_of(name, embed_spec=kind))["partition_config"]["layer_specs"]
         assert specs[0] == {"patterns": [r"embed_tokens\.weight$"], "partition_type": kind}
-    specs = subject.tensor_parallel_config(BASE)["partition_config"]["layer_specs"]
+    specs = subject.tensor_parallel_config(values_of(name))["partition_config"]["layer_specs"]
     assert not any("embed_tokens" in p for s in specs for p in s["patterns"])
     for padding, want in (("none", None), ("first", 0), ("last", 34)):
-        spec = subject.model_spec({**BASE, "padding": padding})
+        spec = subject.model_spec(values_of(name, padding=padding))
         assert spec.tied and spec.padding_idx == want
 
 
@@ -175,7 +182,7 @@ def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
     # engine.py:1116-1125: vocab_parallel_lm_head unset turns the vocabulary-parallel head on for a tied lm_head /
     # embed_out only; any other name (or false) gets the gathered-column tie fallback.
     cases = [c for c in load_file(CASES / "hf_tp_plan.toml")
-             if c.subject == "tied_plan_head" and c.values.get("second_head", "none") == "none"]
+             if c.subject == "tied_plan_head" and c.values.optional("second_head", "none") == "none"]
     assert {(c["head"], c["vocab_parallel_lm_head"]) for c in cases} == {
         ("output", "unset"), ("output", "false"), ("lm_head", "unset"), ("lm_head", "false")}
     subject = SUBJECTS["tied_plan_head"]
@@ -195,7 +202,7 @@ def test_tied_plan_head_is_vocab_parallel_only_for_the_hard_coded_names():
 def test_two_tied_plan_heads_claim_both_replicated_and_tied():
     # Two qualifying tied heads: engine.py:1163-1177 catches _resolve_vocab_parallel_lm_head's ValueError on the auto
     # path and keeps them replicated; false never tries. Either way both heads stay nn.Linear on the embedding's weight.
-    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.values.get("second_head", "none") != "none"]
+    cases = [c for c in load_file(CASES / "hf_tp_plan.toml") if c.values.optional("second_head", "none") != "none"]
     assert {(c["vocab_parallel_lm_head"], c["dtype"]) for c in cases} == {("unset", "fp32"), ("false", "fp32"),
                                                                         ("unset", "bf16")}
     subject = SUBJECTS["tied_plan_head"]
@@ -208,7 +215,7 @@ def test_two_tied_plan_heads_claim_both_replicated_and_tied():
     model = subject.build(cases[0].values, torch.float32)
     assert model.mtp.lm_head.weight is model.embed_tokens.weight is model.lm_head.weight
     assert model.mtp.lm_head.bias is None  # no parameter the reference lacks
-    assert subject.invalid({**cases[0].values, "head": "output"})
+    assert subject.invalid(cases[0].values.replace(head="output"))
 
 
 @pytest.mark.parametrize("fact,passes", [(True, True), (False, False), (None, False)])
@@ -216,16 +223,16 @@ def test_a_broken_or_unobserved_tie_fails_the_shared_param_claim(fact, passes):
     from parity.checks.compare import Comparison
     from parity.observe.observations import RankObservations
 
-    subject = SUBJECTS["tied_row_parallel"]
+    subject, values = SUBJECTS["tied_row_parallel"], values_of("tied_row_parallel")
     obs = {}
     for rank in range(2):
         o = RankObservations(rank, rank, 0)
-        o.facts["module_types"] = dict(subject.claims(BASE).module_types)
+        o.facts["module_types"] = dict(subject.claims(values).module_types)
         o.facts["state_at_start"] = subject.clean_state
         if fact is not None:
             o.facts["shared_params"] = {"lm_head.weight=embed_tokens.weight": fact}
         obs[rank] = o
-    comparison = Comparison(subject, BASE, obs, reference=None, oracle=None)
+    comparison = Comparison(subject, values, obs, reference=None, oracle=None)
     comparison.check_claims()
     shared = [c for c in comparison.checks if c.name.startswith("shared_param[")]
     assert len(shared) == 2 and all(c.passed == passes for c in shared)
@@ -239,7 +246,8 @@ def test_direct_embedding_claims_and_reference_padding():
     from references.embedding_lookup import train_lookup_reference
 
     subject = SUBJECTS["vocab_parallel_embedding"]
-    values = {"dtype": "fp32", "vocab": 35, "hidden": 32, "gas": 2, "tp": 2, "device": "cpu", "padding": "last"}
+    values = resolve(subject, {"dtype": "fp32", "vocab": 35, "hidden": 32, "gas": 2, "tp": 2, "device": "cpu",
+                               "padding": "last"})
     claims = subject.claims(values)
     assert claims.module_types == {"embedding": "VocabParallelEmbedding"}
     assert claims.param_shards == {"weight": 0}
@@ -280,10 +288,10 @@ def test_gemma3_embedding_is_the_references_twin_and_keeps_the_tie(dtype):
 
 def test_embedding_axes_reach_the_tied_models_spec():
     row, vocab = SUBJECTS["tied_row_parallel"], SUBJECTS["tied_vocab_parallel"]
-    spec = row.model_spec({**BASE, "grad_freq": True, "embed_scale": "gemma3"})
+    spec = row.model_spec(values_of("tied_row_parallel", grad_freq=True, embed_scale="gemma3"))
     assert spec.scale_grad_by_freq and spec.embed_scale and spec.tied
     assert build_model(spec, 1, torch.float32).embed_tokens.scale_grad_by_freq
-    assert vocab.model_spec({**BASE, "embed_scale": "gemma3"}).embed_scale
+    assert vocab.model_spec(values_of("tied_vocab_parallel", embed_scale="gemma3")).embed_scale
     assert "grad_freq" not in subject_axes(vocab)  # VocabParallelEmbedding refuses it (ds_reject tied_vocab_scale_grad)
 
 
@@ -291,10 +299,10 @@ def test_embedding_options_reach_the_spec_embeddings_model():
     # The options AutoTP's _slice_embedding must carry: they have to be on the user's model (and the reference's) for
     # their loss to show at all.
     subject = SUBJECTS["embed_spec_untied"]
-    base = {**BASE, "embed_spec": "row"}
+    base = values_of("embed_spec_untied", embed_spec="row")
     plain = build_model(subject.model_spec(base), 1, torch.float32).embed_tokens
     assert not plain.scale_grad_by_freq and plain.max_norm is None
-    spec = subject.model_spec({**base, "grad_freq": True, "max_norm": 1.0})
+    spec = subject.model_spec(base.replace(grad_freq=True, max_norm=1.0))
     assert not spec.tied and spec.scale_grad_by_freq and spec.max_norm == 1.0
     embedding = build_model(spec, 1, torch.float32).embed_tokens
     assert embedding.scale_grad_by_freq and embedding.max_norm == 1.0
