@@ -311,7 +311,7 @@ class Comparison:
                             + ("the whole logits" if whole else "its vocab block of the logits"))
 
     def head_path(self) -> str:
-        return self.values.get("head", "lm_head")
+        return self.values.optional("head", "lm_head")
 
     def check_claims(self) -> None:
         for rank, o in sorted(self.obs.items()):
