@@ -11,8 +11,8 @@ LAYERS = [
     ("references",),
     ("parity.settings",),  # the run's settings (RunSettings): read by every layer above, imports none of them
     ("parity.observe",),
-    # parity.matrix.axes: pure data, the registry the subjects' case values resolve their defaults from
-    ("parity.subjects", "parity.mutation", "parity.matrix.axes"),
+    # parity.axes: pure data, the registry the subjects' case values resolve their defaults from
+    ("parity.subjects", "parity.mutation", "parity.axes"),
     ("parity.matrix",),
     ("parity.checks",),
     ("parity.harness",),

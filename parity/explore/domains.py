@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import Case, expand_matrix
 from parity.observe.partition import shard_sizes
 from parity.subjects import SUBJECTS

@@ -59,7 +59,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.settings import CASES_DIR_VAR, RunSettings
 from parity.subjects import SUBJECTS
 from parity.subjects.values import CaseValues, resolve, subject_axes  # noqa: F401 (subject_axes: re-exported)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 
 BEGIN, END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 # Axes shown as columns; the rest are summarised under "other".

@@ -14,13 +14,13 @@ from references.tiny_lm import ModelSpec
 from references.trajectory import TrainingSpec
 
 
-# The seed axis (parity/matrix/axes.py) picks a draw of initial weights and data. Seed 0 is each
+# The seed axis (parity/axes.py) picks a draw of initial weights and data. Seed 0 is each
 # subject's historical base seed, so the default matrix keeps its ids and its numbers; seed N moves
 # the base by N * SEED_STRIDE. The stride keeps draws apart from streams a subject derives from its
 # seed by small offsets (the loss-only subjects' Hessian-vector direction uses seed + 1).
 SEED_STRIDE = 1000
 
-# The head axis's values (parity/matrix/axes.py) every subject with a head takes. "output" is a head only where
+# The head axis's values (parity/axes.py) every subject with a head takes. "output" is a head only where
 # the subject passes it to DeepSpeed as partition_config.lm_head_patterns (vocab_parallel), so the others list
 # these instead of the whole domain.
 NAMED_HEADS = ("lm_head", "embed_out", "model.lm_head")
@@ -86,7 +86,7 @@ class Subject(ABC):
     name: str = ""
     description: str = ""
     axes: dict = {}  # axis -> allowed values (None: the axis's whole domain), in case-id order
-    defaults: dict = {}  # axis defaults that differ from parity.matrix.axes
+    defaults: dict = {}  # axis defaults that differ from parity.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
     framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and its table
     # The row of the frameworks table (docs/subjects.md; parity.matrix.frameworks.FEATURES_IN_ORDER) this subject's

@@ -42,7 +42,7 @@ AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # subclasses LinearLayer, LinearAllreduceWithReplicatedInput subclasses LinearAllreduce).
 AUTOTP_BASE_CLASS = {"LinearLayer": "LinearLayer", "VocabParallelLinear": "LinearLayer",
                      "LinearAllreduceWithReplicatedInput": "LinearAllreduce"}
-# The DeepSpeed config keys each dp_reduce value sets (parity/matrix/axes.py says what each means).
+# The DeepSpeed config keys each dp_reduce value sets (parity/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
                     "comm_bf16": {"communication_data_type": "bf16"}}

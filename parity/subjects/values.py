@@ -1,7 +1,7 @@
 """A case's axis values as a subject reads them: resolved once, holding exactly the axes the subject declares.
 
 ``resolve(subject, values)`` fills every declared axis the given values leave out (the subject's ``defaults``,
-else the axes registry's, parity/matrix/axes.py) and refuses an axis the subject does not declare. Reading an
+else the axes registry's, parity/axes.py) and refuses an axis the subject does not declare. Reading an
 undeclared axis is an error (``UndeclaredAxis``), not a silent default: shared code that serves subjects with
 and without an axis says so with ``values.optional(axis, absent)``.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from parity.matrix.axes import AXES, UNIVERSAL_AXES
+from parity.axes import AXES, UNIVERSAL_AXES
 
 
 class UndeclaredAxis(KeyError):

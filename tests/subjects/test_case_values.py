@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
 from parity.subjects.base import NoModel

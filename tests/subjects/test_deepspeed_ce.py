@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import case_id, load_file, subject_axes
 from parity.checks.compare import compare, reference_pair
 from parity.observe.observations import RankObservations

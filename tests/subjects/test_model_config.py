@@ -2,7 +2,7 @@
 parallel subjects hand DeepSpeed and expect it to read back, without a rank."""
 import pytest
 
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import CASES_DIR, load_file
 from parity.subjects import SUBJECTS
 from parity.subjects.base import NAMED_HEADS

@@ -1,7 +1,7 @@
 """The model_init axis (issue 13, the user's entry points): which subjects have it, that the search holds it, and
 that its cases are the documented ones (zero.Init only at ZeRO 3; its explicit dtype the one divergence)."""
 from parity.explore.domains import HELD_AXES
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
 

@@ -1,5 +1,5 @@
 """ds_reject and inference_head: cheap checks that need no rank process."""
-from parity.matrix.axes import AXES, REJECTIONS
+from parity.axes import AXES, REJECTIONS
 from parity.matrix.cases import CASES_DIR, load_file
 from parity.subjects import SUBJECTS
 from parity.subjects.deepspeed_rejects import CE_VARIANTS, ENGINE_VARIANTS, VARIANTS
@@ -9,7 +9,7 @@ def test_every_rejection_has_a_case_that_expects_an_error():
     cases = load_file(CASES_DIR / "deepspeed_rejects.toml")
     covered = {c["variant"] for c in cases}
     assert covered == set(REJECTIONS) - {"none"} == set(ENGINE_VARIANTS) | set(CE_VARIANTS)
-    # The axis (parity/matrix/axes.py) and the subject list the same names in the same order; the
+    # The axis (parity/axes.py) and the subject list the same names in the same order; the
     # subject may not import the matrix (tests/test_layers.py), so the check lives here.
     assert VARIANTS == REJECTIONS
     for c in cases:

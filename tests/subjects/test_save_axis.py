@@ -3,7 +3,7 @@ the DeepSpeed config, and which of its cases are the documented save_16bit_model
 from types import SimpleNamespace
 
 from parity.explore.domains import HELD_AXES
-from parity.matrix.axes import AXES
+from parity.axes import AXES
 from parity.matrix.cases import load
 from parity.subjects import SUBJECTS
 from parity.subjects.values import resolve

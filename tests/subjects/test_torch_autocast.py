@@ -27,7 +27,7 @@ def test_reset_clears_the_torch_autocast_globals_a_previous_engine_left():
 
 
 def test_autocast_axis_is_quiet_and_reaches_the_engine_config_and_its_decision_record():
-    from parity.matrix.axes import AXES
+    from parity.axes import AXES
     from parity.subjects import SUBJECTS
     from parity.subjects.values import resolve
     from references.trajectory import TrainingSpec
@@ -85,7 +85,7 @@ def test_zero_reduce_dtypes_decision_follows_the_config_and_the_autocast_marks()
 
 
 def test_autocast_modules_names_the_head_class_the_subject_claims_and_the_decision_follows():
-    from parity.matrix.axes import AXES
+    from parity.axes import AXES
     from parity.subjects import SUBJECTS
     from parity.subjects.values import resolve
     from references.trajectory import TrainingSpec

@@ -14,7 +14,7 @@ from tests.conftest import skip_or_fail
 if find_spec("transformers") is None:
     skip_or_fail("transformers is not installed (pip install -e '.[hf]'); requirements-cpu.txt pins it")
 
-from parity.matrix.axes import AXES  # noqa: E402
+from parity.axes import AXES  # noqa: E402
 from parity.subjects import SUBJECTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
