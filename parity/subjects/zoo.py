@@ -25,7 +25,7 @@ from references import zoo
 from references.tiny_lm import ModelSpec
 from references.trajectory import Trajectory, train_reference
 
-ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "tp": (2,),
+ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (2,), "tp": (2,),
             "device": None}
 CENSUS = Path(__file__).resolve().parents[2] / "results" / "zoo" / "census.json"
 VOCAB_PARALLEL_MICRO = {"logits": -1, "loss": None, "head_input_grad": None}

@@ -5,7 +5,9 @@ import torch
 from parity.checks.compare import Comparison
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
+from parity.subjects import SUBJECTS
 from parity.subjects.base import Claims
+from parity.subjects.values import resolve
 from references.trajectory import Trajectory
 
 TP, VOCAB, HIDDEN = 2, 35, 32
@@ -29,7 +31,7 @@ def built(tp_rank):
 def judge(structures):
     c = object.__new__(Comparison)  # only what check_structure reads
     c.tp, c.grain, c.split, c.claims, c.checks = TP, 1, "near_even", CLAIMS, []
-    c.values = {"vocab": VOCAB, "tp": TP}
+    c.values = resolve(SUBJECTS["vocab_parallel"], {"vocab": VOCAB, "tp": TP})
     c.reference = Trajectory(records={("weight", -1, None, None, n): torch.zeros(s) for n, s in FULL.items()})
     c.obs = {}
     for r, structure in structures.items():

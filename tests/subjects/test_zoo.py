@@ -16,10 +16,11 @@ if find_spec("transformers") is None:
 
 from parity.axes import AXES  # noqa: E402
 from parity.subjects import SUBJECTS  # noqa: E402
+from parity.subjects.values import resolve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 STYLE_DIM = {"colwise": 0, "colwise_rep": 0, "colwise_gather_output": 0, "rowwise": 1}
-RUN = ("zoo_hf_plan-arch_llama-v125-fp32-zero0-tp2-cpu", "zoo_hf_plan-arch_mixtral-v125-fp32-zero0-tp2-cpu")
+RUN = ("zoo_hf_plan-arch_llama-v125-fp32-zero0-gas2-tp2-cpu", "zoo_hf_plan-arch_mixtral-v125-fp32-zero0-gas2-tp2-cpu")
 
 
 def parity(*args, **kwargs):
@@ -40,7 +41,7 @@ def test_claims_shard_what_the_plan_shards(arch):
     import torch
 
     subject = SUBJECTS["zoo_hf_plan"]
-    values = {"arch": arch, "vocab": 125, "dtype": "fp32", "zero": 0, "tp": 2, "device": "cpu"}
+    values = resolve(subject, {"arch": arch})
     model = subject.build(values, torch.float32)
     claims = subject.claims(values)
     plan = {p[len("model."):] if p.startswith("model.") else p: s for p, s in model._tp_plan.items()}
@@ -54,10 +55,9 @@ def test_claims_shard_what_the_plan_shards(arch):
 
 def test_census_skips_are_invalid_or_unavailable():
     subject = SUBJECTS["zoo_hf_plan"]
-    base = {"vocab": 125, "dtype": "fp32", "zero": 0, "tp": 2, "device": "cpu"}
-    assert "does not build tiny" in subject.invalid({**base, "arch": "dbrx"})
-    assert subject.invalid({**base, "arch": "gemma3n"}) is None
-    assert "timm" in subject.unavailable_reason({**base, "arch": "gemma3n"})
+    assert "does not build tiny" in subject.invalid(resolve(subject, {"arch": "dbrx"}))
+    assert subject.invalid(resolve(subject, {"arch": "gemma3n"})) is None
+    assert "timm" in subject.unavailable_reason(resolve(subject, {"arch": "gemma3n"}))
 
 
 def test_zoo_cases_list_and_two_run(tmp_path):
