@@ -1,8 +1,8 @@
 """The zoo compatibility table (docs/zoo-compat.md): every architecture x zoo subject of one run's summary.json.
 
 Usage: ``python -m parity.report.zoo_table SUMMARY.json OUT.md``. A cell reads passed, diverged (the finding: its
-reproducer's name), refused (the expected error), cannot run (the skip reason), or failed (the first failing check
-or the error, not yet explained). Rows are the installed transformers' architectures (parity/matrix/axes.py).
+reproducer's name), refused (the case file's expected error, or one of deepspeed.initialize's refusals, REFUSALS),
+cannot run (the skip reason), or failed (the error raised or the first failing check, not yet explained). Rows are the installed transformers' architectures (parity/matrix/axes.py).
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def cell(record: dict | None) -> str:
     if verdict == "passed" and record.get("expect", "parity") == "parity":
         return "passed"
     if verdict == "passed":
-        return f"refused ({record['expect'].get('error')}: {_short(record['expect'].get('match', ''))})"
+        expect = record["expect"]
+        return f"refused (as the case file expects: {expect.get('error')}, {_short(expect.get('match', ''))})"
     if verdict == "diverged":
         repro = (record.get("known_divergence") or {}).get("repro") or ""
         return f"diverged ({Path(repro).stem or _short(record.get('reason', ''))})"
