@@ -1,0 +1,34 @@
+"""docs/zoo-compat.md is the generator's output from the committed full-zoo summary, one row per architecture of the
+installed transformers' causal-LM mapping."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from parity.report import zoo_table
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "docs" / "zoo-compat.md"
+
+
+def committed_summary() -> Path:
+    """The summary the table names in its Regenerate line."""
+    match = re.search(r"python -m parity\.report\.zoo_table (\S+) docs/zoo-compat\.md", TABLE.read_text())
+    assert match, "docs/zoo-compat.md names no summary to regenerate from"
+    return ROOT / match.group(1)
+
+
+def test_table_is_the_generator_output_of_the_committed_summary():
+    summary = committed_summary()
+    rendered = zoo_table.render(json.loads(summary.read_text()), str(summary.relative_to(ROOT)))
+    assert rendered == TABLE.read_text(), "stale: rerun the Regenerate line of docs/zoo-compat.md"
+
+
+def test_table_rows_are_the_installed_mapping():
+    pytest.importorskip("transformers")
+    from references import zoo
+
+    rows = [line.split("|")[1].strip() for line in TABLE.read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| architecture")]
+    assert rows == [model_type for model_type, _ in zoo.architectures()]
