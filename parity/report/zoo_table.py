@@ -2,7 +2,7 @@
 
 Usage: ``python -m parity.report.zoo_table SUMMARY.json OUT.md``. A cell reads passed, diverged (the finding: its
 reproducer's name), refused (the case file's expected error, or one of deepspeed.initialize's refusals, REFUSALS),
-cannot run (the skip reason), or failed (the error raised or the first failing check, not yet explained). Rows are the installed transformers' architectures (parity/matrix/axes.py).
+cannot run (the skip reason), or failed (the error raised or the first failing check, not yet explained). Rows are the installed transformers' architectures (parity/axes.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from parity.matrix.axes import ARCHITECTURES
+from parity.axes import ARCHITECTURES
 
 PATHS = ("zoo_hf_plan", "zoo_vocab_parallel")
 REGENERATE = "python -m parity.report.zoo_table {summary} docs/zoo-compat.md"

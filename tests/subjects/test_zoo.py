@@ -76,7 +76,7 @@ def test_zoo_cases_list_and_two_run(tmp_path):
 
 
 def test_full_zoo_file_lists_every_architecture_through_both_paths_outside_the_default_matrix():
-    from parity.matrix.axes import ARCHITECTURES
+    from parity.axes import ARCHITECTURES
     from parity.matrix.cases import default_files, load
 
     full = ROOT / "cases" / "zoo" / "full.toml"
