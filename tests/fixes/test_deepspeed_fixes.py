@@ -52,7 +52,7 @@ def test_findings_check_reads_present_on_the_release_and_fixed_on_a_patched_copy
     shutil.copytree(Path(deepspeed.__file__).parent, tmp_path / "deepspeed",
                     ignore=shutil.ignore_patterns("__pycache__", "csrc"))
     patch = ROOT / "fixes" / "deepspeed" / "zero_init_dtype_ignored.patch"
-    subprocess.run(["patch", "-p1", "-s", "-d", str(tmp_path), "-i", str(patch)], check=True)
+    subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tmp_path, check=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
     patched = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert patched.returncode == 1, patched.stdout + patched.stderr
