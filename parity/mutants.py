@@ -145,6 +145,10 @@ SELECTION.update({
     catalog.M_EMBED: ["megatron_vocab_embedding-fp32-mean-v36-h32-bias-ign_scattered-gas2-tp2-cpu-untied"],
 })
 SELECTION.update({
+    catalog.ZOO_PLAN: ["zoo_hf_plan-arch_llama-v125-fp32-zero0-gas2-tp2-cpu"],
+    catalog.ZOO_VOCAB: ["zoo_vocab_parallel-arch_llama-v125-fp32-zero0-gas2-tp2-cpu"],
+})
+SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],
     catalog.PRESET: ["preset_llama-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu-vplm_true"],
     # The head registered in a block, which the block walk makes a gathered column LinearLayer (vocab_parallel_lm_head

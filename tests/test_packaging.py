@@ -50,6 +50,7 @@ def test_cases_dir_without_case_files_is_a_one_line_error(tmp_path):
 def test_cases_dir_elsewhere_finds_its_cases_and_repro_scripts(tmp_path):
     shutil.copytree(ROOT / "cases", tmp_path / "cases")
     shutil.copytree(ROOT / "ci" / "repro", tmp_path / "ci" / "repro")
+    shutil.copytree(ROOT / "findings", tmp_path / "findings")  # the findings the marks name, beside the cases too
     here, there = _list(ROOT / "cases"), _list(tmp_path / "cases")
     assert there.returncode == 0 and there.stdout == here.stdout, there.stderr
     shutil.rmtree(tmp_path / "ci")  # known divergences name repro scripts relative to the cases' parent

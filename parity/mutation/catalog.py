@@ -54,6 +54,9 @@ EMBED_SPEC = "embed_spec_untied"  # its head is the gathered column LinearLayer
 M_COLUMN, M_VOCAB, M_EMBED = "megatron_column_gathered", "megatron_vocab_parallel", "megatron_vocab_embedding"
 # The universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): each engine head saved, converted, resumed.
 UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row_parallel"
+# The transformers architectures through AutoTP (parity/subjects/zoo.py): column-sharded attention and MLP, and a
+# gathered column or vocabulary-parallel head.
+ZOO_PLAN, ZOO_VOCAB = "zoo_hf_plan", "zoo_vocab_parallel"
 
 
 def families() -> tuple:
@@ -1189,7 +1192,8 @@ MUTANTS = [
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",
            "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN,
-                                                                             EMBED_SPEC, SPEC_REACH, PRESET, HEURISTIC),
+                                                                             EMBED_SPEC, SPEC_REACH, PRESET, HEURISTIC,
+                                                                             ZOO_PLAN, ZOO_VOCAB),
            _column_backward_no_allreduce),
     Mutant("column_backward_world_group",
            "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",
