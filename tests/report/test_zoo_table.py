@@ -4,7 +4,6 @@ import json
 import re
 from pathlib import Path
 
-
 from parity.report import zoo_table
 
 ROOT = Path(__file__).resolve().parents[2]
