@@ -96,5 +96,5 @@ def causal_lm_loss(logits, labels, reduction="mean", ignore_index=-100, num_item
     # torch's F.cross_entropy(reduction="mean") (what HF's ForCausalLMLoss calls) over targets that are
     # all ignore_index returns 0/0 = nan, with a zero gradient: so does this (the zero numerator's
     # gradient reaches no logit, every token being masked). Not 0: that is DeepSpeed's choice, a
-    # documented divergence (docs/known-divergences.md), not what a user without TP gets.
+    # documented divergence (docs/findings.md#deepspeed_ce_all_ignored_is_zero), not what a user without TP gets.
     return total / count

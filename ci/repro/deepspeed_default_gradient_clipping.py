@@ -6,7 +6,7 @@ intended change of default. A user who moves a plain-PyTorch training loop (no c
 writes no gradient_clipping gets every step whose global gradient norm exceeds 1 scaled down to norm 1, without a
 word; an explicit ``"gradient_clipping": 0.0`` restores torch's step. Under tensor parallelism the default also puts
 every such user on DeepSpeed's TP clipping-norm paths (the unfused bf16/fp16 ZeRO 0 norm is a known divergence,
-docs/known-divergences.md).
+docs/findings.md#deepspeed_unfused_grad_norm_tp).
 
 Run (CPU, one process, about 10 s):
   python ci/repro/deepspeed_default_gradient_clipping.py

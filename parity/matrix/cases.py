@@ -84,6 +84,7 @@ MARKS_FILE = CASES_DIR / "marks" / "known_divergence.toml"
 # The registry of root causes, one TOML file per finding, at the repository root beside cases/ and ci/repro/.
 FINDINGS_DIR = CASES_DIR.parent / "findings"
 FINDING_KEYS = ("id", "title", "library", "versions", "class", "mechanism", "reproducers", "marks", "upstream", "fix")
+FINDING_OPTIONAL_KEYS = ("notes",)  # the story: how it was found, measured numbers, the cases that show it
 FINDING_CLASSES = ("silent wrong numbers", "crash on an accepted configuration", "misconfiguration accepted silently",
                    "convention difference", "state left behind")
 # Reproducers under this folder each belong to exactly one finding; a repro elsewhere (a test's fixture) is named
@@ -464,11 +465,11 @@ def _findings(stamped: tuple) -> dict:
             table = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise CaseFileError(shown, "(syntax)", str(exc)) from None
-        unknown = [k for k in table if k not in FINDING_KEYS]
+        unknown = [k for k in table if k not in FINDING_KEYS + FINDING_OPTIONAL_KEYS]
         missing = [k for k in FINDING_KEYS if k not in table]
         if unknown or missing:
             raise CaseFileError(shown, (unknown or missing)[0], "unknown key" if unknown else "required",
-                                ", ".join(FINDING_KEYS))
+                                ", ".join(FINDING_KEYS + FINDING_OPTIONAL_KEYS))
         if table["id"] != path.stem:
             raise CaseFileError(shown, "id", f"{table['id']!r} is not the file's stem {path.stem!r}")
         if table["class"] not in FINDING_CLASSES:
@@ -479,6 +480,8 @@ def _findings(stamped: tuple) -> dict:
         for key in ("title", "library", "mechanism", "upstream", "fix"):
             if not isinstance(table[key], str) or not table[key].strip():
                 raise CaseFileError(shown, key, "required, a non-empty string")
+        if "notes" in table and (not isinstance(table["notes"], str) or not table["notes"].strip()):
+            raise CaseFileError(shown, "notes", "a non-empty string when present")
         out[table["id"]] = table
     return out
 

@@ -73,6 +73,8 @@ def markdown(registry: dict) -> str:
                 "- reproducers: " + ", ".join(f"`{r}`" for r in f["reproducers"]),
                 "- marks: " + (", ".join(f"`{m}`" for m in f["marks"]) or "none"),
                 "", "Mechanism:", "", *f["mechanism"].strip().splitlines()]
+        if f.get("notes"):
+            out += ["", "Notes:", "", *f["notes"].strip().splitlines()]
     return "\n".join(out) + "\n"
 
 
