@@ -252,8 +252,8 @@ def resolve_arch(arch: str) -> tuple[str, list]:
     ours, theirs = zoo.traits(zoo.tiny_config(model_type)), zoo.traits(user)
     for trait in STRUCTURE:
         if ours.get(trait) != theirs.get(trait):
-            raise UserConfigError(f"--arch {arch}: {trait} is {theirs.get(trait)!r} shrunk, the zoo's {model_type} "
-                                  f"{ours.get(trait)!r}: the check builds {model_type} from its config class's "
-                                  "defaults, so it cannot honour this config")
+            raise UserConfigError(f"--arch {arch}: {trait} of this config shrunk is {theirs.get(trait)!r}, of the "
+                                  f"zoo's tiny {model_type} {ours.get(trait)!r}: the check builds {model_type} from "
+                                  "its config class's defaults, so it cannot honour this config")
     return model_type, [f"--arch {arch}: model_type {model_type}, the same structure as the zoo's tiny "
                         f"{model_type} ({', '.join(STRUCTURE)}): the check builds that"]
