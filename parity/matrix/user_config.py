@@ -178,8 +178,13 @@ def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: 
         rule = KEYS[key]
         if rule.axis is not None:
             values[rule.axis] = _axis_value(shown, key, rule.axis, value, subject)
-    if "tp" not in values and tp is not None:
-        values["tp"] = _axis_value(shown, "--tp", "tp", tp, subject)
+    if "tp" not in values:
+        # No size in the config: DeepSpeed alone would not shard; the check is for tensor parallelism, so it runs
+        # --tp, or the subject's default, as if the config said autotp_size, and says so.
+        values["tp"] = _axis_value(shown, "--tp", "tp", tp if tp is not None else resolve(
+            SUBJECTS[subject], {"arch": arch})["tp"], subject)
+        notes.append(f"tensor_parallel.autotp_size: absent, so the check runs tp {values['tp']} "
+                     f"({'--tp' if tp is not None else 'the default'}) as if the config said it")
     if "clip" not in values:
         values["clip"] = _axis_value(shown, "gradient_clipping", "clip", CLIP_DEFAULT, subject)
         notes.append(f"gradient_clipping: absent, so DeepSpeed 0.19.8 clips at its default {CLIP_DEFAULT:g} "
