@@ -227,8 +227,10 @@ def cmd_check(args) -> int:
     """One architecture under the user's DeepSpeed config: translated into one case (parity/matrix/user_config.py),
     run as `parity run` runs a case, its verdict printed and its report written (to a fresh temp dir without
     --report)."""
+    import dataclasses
     import tempfile
 
+    from parity.matrix import user_config
     from parity.matrix.user_config import UserConfigError, read_config, resolve_arch, translate
     from parity.settings import RunSettings
 
@@ -251,6 +253,14 @@ def cmd_check(args) -> int:
         print(f"note: {line}")
     print(f"case: {case.id} ({', '.join(f'{a}={v!r}' for a, v in case.values.items())})", flush=True)
     args.report = args.report or tempfile.mkdtemp(prefix="parity-check-")
+    if case.source.startswith("--ds-config"):
+        # Not a case of the case files: written as a one-entry case file beside the report, so the reproducer a
+        # failure prints (`parity run --matrix FILE --case ID`) runs this very case.
+        Path(args.report).mkdir(parents=True, exist_ok=True)
+        entry = Path(args.report) / "check.toml"
+        entry.write_text(user_config.case_toml(case, f"parity check --arch {args.arch} --ds-config {args.ds_config}"))
+        case = dataclasses.replace(case, source=f"{entry}:matrix[0]")
+        print(f"case file: {entry}")
     for name, value in (("jobs", 1), ("baseline", False), ("no_reference_cache", False), ("reference_cache", None),
                         ("passes", 1), ("profile", False), ("maxfail", None)):
         setattr(args, name, value)

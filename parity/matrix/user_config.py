@@ -208,6 +208,14 @@ def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: 
     return Translated(twin or case, notes)
 
 
+def case_toml(case: Case, description: str) -> str:
+    """A one-entry case file that makes exactly ``case`` (every axis spelled out; JSON scalars are TOML's)."""
+    lines = ["[[matrix]]", f"subject = {json.dumps(case.subject)}", f"description = {json.dumps(description)}",
+             "[matrix.axes]"]
+    lines += [f"{axis} = [{json.dumps(value)}]" for axis, value in case.values.items()]
+    return "\n".join(lines) + "\n"
+
+
 def _twin(case: Case) -> Case | None:
     """The same case (id and values) in the zoo's case files, with their marks; None where they hold none."""
     from parity.matrix.cases import CASES_DIR

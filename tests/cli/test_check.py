@@ -148,3 +148,14 @@ def test_check_runs_the_case_and_reports(capsys, tmp_path, arch, config, case_id
 def test_the_docs_page_names_every_honoured_key():
     text = (ROOT / "docs" / "check.md").read_text()
     assert [k for k in KEYS if f"`{k}`" not in text] == []
+
+
+def test_the_case_file_it_writes_makes_the_same_case(tmp_path):
+    from parity.matrix.cases import load_file
+    from parity.matrix.user_config import case_toml
+
+    case = translate({"gradient_accumulation_steps": 1, "gradient_clipping": 0.05}, "ds.json", "qwen2").case
+    path = tmp_path / "check.toml"
+    path.write_text(case_toml(case, "parity check --arch qwen2"))
+    [again] = load_file(path)
+    assert (again.id, again.values) == (case.id, case.values)
