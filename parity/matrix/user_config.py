@@ -38,16 +38,13 @@ class UserConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Key:
-    """One honoured key: ``axis`` (the case axis it sets, with ``convert``), else ``fixed`` (the only value the
-    case runs: a function of the resolved values) or ``neutral`` (any value: why it changes no number)."""
+    """One honoured key: ``axis`` (the case axis it sets, to a value the subject declares), else ``fixed`` (the only
+    value the case runs: a function of the resolved values; ``why``) or ``neutral`` (any value: why it changes no
+    number)."""
     axis: str | None = None
     fixed: object = None
     neutral: str = ""
     why: str = ""
-
-
-def _batch(values) -> int:
-    return TrainingSpec.batch
 
 
 # Dotted key -> how the check honours it. Values DeepSpeed would take as its defaults where the zoo subjects do not
@@ -58,7 +55,7 @@ KEYS = {
     "zero_optimization.stage": Key(axis="zero"),
     "gradient_accumulation_steps": Key(axis="gas"),
     "gradient_clipping": Key(axis="clip"),
-    "train_micro_batch_size_per_gpu": Key(fixed=_batch, why="the trajectory trains micro-batches of "
+    "train_micro_batch_size_per_gpu": Key(fixed=lambda v: TrainingSpec.batch, why="the trajectory trains micro-batches of "
                                           f"{TrainingSpec.batch} sequences (references/trajectory.py)"),
     "train_batch_size": Key(fixed=lambda v: TrainingSpec.batch * v["gas"],
                             why="micro-batch x gradient_accumulation_steps x DP 1 (the check runs world = tp)"),
