@@ -1,4 +1,4 @@
-"""parity list | run | explore | diff | findings | mutants | bench | scale | sensitivity: the command-line face of
+"""parity list | run | check | explore | diff | findings | mutants | bench | scale | sensitivity: the command-line face of
 the suite.
 
 Exit status: 0 all selected cases passed (or were skipped/diverged as allowed); 1 a case failed
@@ -223,6 +223,55 @@ def run_cases(args, cases, settings) -> int:
     return 1 if any_failed else 0
 
 
+def cmd_check(args) -> int:
+    """One architecture under the user's DeepSpeed config: translated into one case (parity/matrix/user_config.py),
+    run as `parity run` runs a case, its verdict printed and its report written (to a fresh temp dir without
+    --report)."""
+    import dataclasses
+    import tempfile
+
+    from parity.matrix import user_config
+    from parity.matrix.user_config import UserConfigError, read_config, resolve_arch, translate
+    from parity.settings import RunSettings
+
+    tp = None
+    if args.tp is not None:
+        try:
+            tp = int(args.tp)
+        except ValueError:
+            tp = None
+        if tp is None or tp < 1:
+            raise UsageError(f"--tp {args.tp}: want a positive integer")
+    try:
+        config = read_config(args.ds_config)
+        arch, notes = resolve_arch(args.arch)
+        translated = translate(config, args.ds_config, arch, tp=tp, dtype=args.dtype)
+    except UserConfigError as exc:
+        raise UsageError(str(exc)) from None
+    case = translated.case
+    for line in notes + translated.notes:
+        print(f"note: {line}")
+    print(f"case: {case.id} ({', '.join(f'{a}={v!r}' for a, v in case.values.items())})", flush=True)
+    args.report = args.report or tempfile.mkdtemp(prefix="parity-check-")
+    if case.source.startswith("--ds-config"):
+        # Not a case of the case files: written as a one-entry case file beside the report, so the reproducer a
+        # failure prints (`parity run --matrix FILE --case ID`) runs this very case.
+        Path(args.report).mkdir(parents=True, exist_ok=True)
+        entry = Path(args.report) / "check.toml"
+        entry.write_text(user_config.case_toml(case, f"parity check --arch {args.arch} --ds-config {args.ds_config}"))
+        case = dataclasses.replace(case, source=f"{entry}:matrix[0]")
+        print(f"case file: {entry}")
+    for name, value in (("jobs", 1), ("baseline", False), ("no_reference_cache", False), ("reference_cache", None),
+                        ("passes", 1), ("profile", False), ("maxfail", None)):
+        setattr(args, name, value)
+    settings = RunSettings.from_env(timeout_s=args.timeout, jobs=1, **({"strict": True} if args.strict else {}))
+    status = run_cases(args, [case], settings)
+    summary = json.loads((Path(args.report) / "summary.json").read_text())
+    verdict = next((c for c in summary.get("cases", []) if c.get("id") == case.id), {})
+    print(f"verdict: {verdict.get('verdict', 'not run')}: {case.id}; report: {args.report}/summary.md")
+    return status
+
+
 def run_pass(args, runner, cases, progress, stream=None) -> tuple[list, list, bool]:
     """Every selected case once: (verdicts, cases not run with why, interrupted by Ctrl-C); each
     verdict also goes to the report's stream, where there is one."""
@@ -336,6 +385,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rerun-failed", metavar="DIR",
                      help="run the cases that failed in the report DIR/summary.json (and, under --strict, "
                           "those that xpassed); -k and --device narrow them further")
+    check_help = ("one architecture under your DeepSpeed config: translated into one case (its tensor_parallel, "
+                  "zero, precision, clipping and accumulation keys; any other key refused by name), run with every "
+                  "check, verdict and report printed")
+    check = sub.add_parser("check", help=check_help, description=check_help)
+    check.add_argument("--arch", required=True, metavar="NAME_OR_CONFIG_JSON",
+                       help="a causal-LM model_type of transformers (llama, qwen2, ...) or a config.json of one")
+    check.add_argument("--ds-config", required=True, metavar="FILE", help="your DeepSpeed config (JSON)")
+    check.add_argument("--tp", metavar="N", help="tensor-parallel size (default: the config's, else 2)")
+    check.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="model dtype (default: the config's "
+                       "bf16/fp16 section, else fp32)")
+    check.add_argument("--report", metavar="DIR", help="where the report goes (default: a fresh temp dir)")
+    check.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")
+    check.add_argument("--timeout", type=float, default=300.0, help="seconds the case may take on its ranks")
     from parity.explore.cli import add_arguments as add_explore_arguments
 
     add_explore_arguments(sub.add_parser("explore", help="property-based search (hypothesis) for failing cases "
@@ -394,7 +456,7 @@ def dispatch(args) -> int:
         from parity.mutants import run
 
         return run(args)
-    return {"list": cmd_list, "run": cmd_run}[args.command](args)
+    return {"list": cmd_list, "run": cmd_run, "check": cmd_check}[args.command](args)
 
 
 def main(argv=None) -> int:

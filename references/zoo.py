@@ -273,6 +273,30 @@ def _config_overrides(config, text: bool = True) -> dict:
     return out
 
 
+def config_from_dict(raw: dict):
+    """A config.json's dict as its model_type's config class reads it (AutoConfig.for_model: no hub access)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
+
+
+def shrunk(config):
+    """``config`` with tiny_config's overrides for it applied, its own values kept elsewhere (a user's config.json
+    shrunk as the zoo shrinks a config class's defaults); eager attention."""
+    from transformers import AutoConfig
+
+    def merge(base: dict, over: dict) -> dict:
+        return {**base, **{k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                           for k, v in over.items()}}
+
+    merged = merge(config.to_dict(), _config_overrides(config))
+    for key in ("model_type", "transformers_version", "architectures", "_name_or_path"):
+        merged.pop(key, None)
+    config = AutoConfig.for_model(config.model_type, **merged)
+    _set_eager(config)
+    return config
+
+
 def _set_eager(config) -> None:
     config._attn_implementation = "eager"
     for name in getattr(config, "sub_configs", {}) or {}:

@@ -25,6 +25,10 @@ ELSEWHERE = {
     '.venv/bin/parity run --report /tmp/mine -k "ds_vocab_ce or vocab_parallel"':
         [("tests/report/test_deepspeed_change.py", '_parity("run", "--report"')],
     ".venv/bin/parity diff /tmp/base /tmp/mine": [("tests/report/test_deepspeed_change.py", '_parity("diff"')],
+    # Its qwen2 row runs this very config (and the llama and cohere ones) end to end.
+    ".venv/bin/parity check --arch qwen2 --ds-config tests/cli/check_configs/qwen2_bf16_zero2_vocab.json":
+        [("tests/cli/test_check.py", 'main(["check", "--arch", arch, "--ds-config"'),
+         ("tests/cli/test_check.py", '("qwen2", "qwen2_bf16_zero2_vocab.json"')],
     "python ci/try_fix.py fixes/deepspeed/unfused_grad_norm_tp.patch":
         [("tests/fixes/test_deepspeed_fixes.py", '"ci/try_fix.py"')],
 }

@@ -14,8 +14,10 @@ from parity.checks.verdict import DIVERGED, FAILED, FIXED, PASSED, SKIPPED, STAT
 
 
 class Progress:
-    def __init__(self, total: int, stream=sys.stdout):
-        self.total, self.done, self.stream = total, 0, stream
+    def __init__(self, total: int, stream=None):
+        # sys.stdout as it is now (a default bound at import would be the stream of whoever imported first: a
+        # second in-process run under pytest's capture wrote to the first test's closed one).
+        self.total, self.done, self.stream = total, 0, stream or sys.stdout
         self.start = time.monotonic()
         self.counts = Counter()
 

@@ -25,8 +25,10 @@ from references import zoo
 from references.tiny_lm import ModelSpec
 from references.trajectory import Trajectory, train_reference
 
-ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (2,), "tp": (2,),
-            "device": None}
+# clip (quiet at 0: no case id changes) and gas 1 and 4: what `parity check` reads from a user's gradient_clipping and
+# gradient_accumulation_steps (parity/matrix/user_config.py).
+ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (1, 2, 4), "tp": (2,),
+            "clip": None, "device": None}
 CENSUS = Path(__file__).resolve().parents[2] / "results" / "zoo" / "census.json"
 VOCAB_PARALLEL_MICRO = {"logits": -1, "loss": None, "head_input_grad": None}
 
