@@ -126,7 +126,9 @@ def cmd_explore(args) -> int:
         summary = {"strategy": result.strategy, "seed": result.seed, "budget_s": result.budget_s, "max_world": result.max_world,
                    "subjects": result.subjects, "seconds": round(result.seconds, 1), "stopped_by": result.stopped_by,
                    "counts": dict(counts), "not_generated": dict(result.not_generated),
-                   "cases": [{"id": v.case.id, "verdict": v.status, "reason": v.reason} for v in result.verdicts],
+                   "cases": [{"id": v.case.id, "verdict": v.status, "reason": v.reason,
+                              **({"drawn_as": result.inputs[v.case.id]} if v.case.id in result.inputs else {})}
+                             for v in result.verdicts],
                    "unconfirmed": [{"id": u.verdict.case.id, "first_failure": u.verdict.first_failure,
                                     "seeds": u.seeds, "failed_seeds": u.failed_seeds} for u in result.unconfirmed],
                    "failure": None if result.failure is None else {
