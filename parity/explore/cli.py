@@ -123,7 +123,8 @@ def cmd_explore(args) -> int:
         from parity.report.console import write_report
 
         write_report(args.report, [v.as_dict() for v in result.verdicts], result.seconds, ["parity", *args.argv])
-        summary = {"strategy": result.strategy, "seed": result.seed, "budget_s": result.budget_s, "max_world": result.max_world,
+        summary = {"strategy": result.strategy, "seed": result.seed, "budget_s": result.budget_s,
+                   "max_world": result.max_world,
                    "subjects": result.subjects, "seconds": round(result.seconds, 1), "stopped_by": result.stopped_by,
                    "counts": dict(counts), "not_generated": dict(result.not_generated),
                    "cases": [{"id": v.case.id, "verdict": v.status, "reason": v.reason,

@@ -36,9 +36,10 @@ ABSENT = "<left out>"
 
 
 def _accepts(subject_name: str, axis: str, value) -> bool:
-    allowed = SUBJECTS[subject_name].axes.get(axis, ())
+    """Whether the subject declares the axis and takes this value on it."""
     if axis not in SUBJECTS[subject_name].axes:
         return False
+    allowed = SUBJECTS[subject_name].axes[axis]
     if allowed is None:
         return AXES[axis].accepts(value)
     return any(type(value) is type(v) and value == v for v in allowed)
@@ -422,8 +423,7 @@ def structure_points(draw, subjects, max_world: int):
 
 # ------------------------------------------------------------------------------------------- topologies
 
-# The axes that make a world larger than tp, and those that decide what the larger world does.
-WORLD_AXES = ("dp", "sp", "prior_tp", "save_tp")
+# The axes that decide what a world larger than tp does (dp or sp makes it larger).
 TOPOLOGY_AXES = {"dp", "sp", "sp_chunks", "prior_tp", "save_tp", "zero", "dp_reduce"}
 TOPOLOGY_SUBJECTS = tuple(n for n, s in SUBJECTS.items() if n not in NOT_EXPLORED and not n.startswith("_")
                           and any(a in s.axes for a in ("dp", "sp")))

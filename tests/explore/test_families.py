@@ -72,7 +72,8 @@ def test_a_key_left_out_is_drawn_first_and_is_deepspeeds_default():
     groups = {g.keys: g for g in F.config_groups()}
     clip = groups[("gradient_clipping",)]
     assert clip.alternatives[0] == (F.ABSENT, {"clip": 0.0, "clip_key": "unset"})
-    assert F._fits("column_gathered", clip.alternatives[0][1]) and not F._fits("vocab_parallel", clip.alternatives[0][1])
+    left_out = clip.alternatives[0][1]
+    assert F._fits("column_gathered", left_out) and not F._fits("vocab_parallel", left_out)
 
     @settings(max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(F.config_points(["vocab_parallel"], 4, list(groups.values())))
