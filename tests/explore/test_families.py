@@ -134,3 +134,12 @@ def test_topologies_finds_a_world_group_bug_and_shrinks_it(tmp_path):
     _, failure = _explore(tmp_path, "topologies", "column_backward_world_group", "column_gathered", max_world=4)
     axes = failure["axes"]
     assert axes["tp"] == 2 and axes["dp"] == 2 and axes["vocab"] <= 4, failure
+
+
+def test_a_subject_the_strategy_does_not_draw_is_a_one_line_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "parity.cli", "explore", "--strategy", "topologies", "--subject",
+                           "ds_vocab_logprobs", "--budget", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "topologies" in line]
+    assert len(lines) == 1 and "--subject ds_vocab_logprobs" in lines[0] and "does not draw it" in lines[0]
+    assert "ds_vocab_logprobs" in F.no_wider_world()
