@@ -36,7 +36,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed as fixed_seed, settings
 
 from parity.checks.verdict import DIVERGED, FAILED, Verdict
-from parity.explore.domains import entry_toml, explored_case, not_a_case, points
+from parity.explore.domains import entry_toml, explored_case, not_a_case
 from parity.explore.known import Marks
 from parity.harness.rank_pool import PoolStartError
 from parity.harness.runner import DEFAULT_CASE_TIMEOUT_S, Runner, judge, skip_verdict, timed_verdict
@@ -106,6 +106,8 @@ class Exploration:
     unconfirmed: list = field(default_factory=list)  # Unconfirmed rounding-bound misses, in the order met
     stopped_by: str = ""  # "budget", "max_examples" or "failure"
     seconds: float = 0.0
+    strategy: str = "axes"
+    inputs: dict = field(default_factory=dict)  # case id -> the user's input the strategy drew it as (config, call)
 
     @property
     def counts(self) -> Counter:
@@ -175,9 +177,12 @@ def confirm(runner: Runner, case, verdict: Verdict, marks: Marks, record) -> Unc
 
 def explore(subjects, budget_s: float, seed: int, max_world: int, max_examples: int | None = None,
             timeout_s: float = DEFAULT_CASE_TIMEOUT_S, log_dir: str | None = None, on_verdict=None,
-            marks: Marks | None = None, run: RunSettings | None = None) -> Exploration:
-    """run: the run's settings (parity explore builds them from PARITY_*); never strict."""
-    result = Exploration(seed, budget_s, max_world, list(subjects))
+            marks: Marks | None = None, run: RunSettings | None = None, strategy: str = "axes") -> Exploration:
+    """run: the run's settings (parity explore builds them from PARITY_*); never strict. strategy: the family of
+    points drawn (families.FAMILIES)."""
+    from parity.explore.families import FAMILIES
+
+    result = Exploration(seed, budget_s, max_world, list(subjects), strategy=strategy)
     marks = marks or Marks()
     runner = Runner(run, timeout_s=timeout_s, strict=False, log_dir=log_dir)
     cache: dict = {}
@@ -195,15 +200,17 @@ def explore(subjects, budget_s: float, seed: int, max_world: int, max_examples: 
               phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
               report_multiple_bugs=False, print_blob=False)
     @fixed_seed(seed)
-    @given(points(list(subjects), max_world))
+    @given(FAMILIES[strategy].points(list(subjects), max_world))
     def probe(point):
         nonlocal failing
-        name, values = point
+        name, values, drawn = point
         reason = not_a_case(name, values, max_world)
         if reason:
             unrun.setdefault(reason, set()).add((name, tuple(values.items())))
             assume(False)
         case = explored_case(name, values)
+        if drawn:
+            result.inputs.setdefault(case.id, drawn)
         verdict = cache.get(case.id)
         if verdict is None:
             if time.monotonic() - start >= budget_s:
@@ -243,7 +250,8 @@ def write_failure(result: Exploration, directory) -> tuple[Path, str]:
     case = result.failure.case
     path = Path(directory) / FAILURE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = entry_toml(case.subject, case.values, f"found by parity explore --seed {result.seed} (shrunk)")
+    how = "" if result.strategy == "axes" else f" --strategy {result.strategy}"
+    text = entry_toml(case.subject, case.values, f"found by parity explore{how} --seed {result.seed} (shrunk)")
     path.write_text(text)
     (again,) = load_file(path)
     if again.id != case.id or again.values != case.values:
