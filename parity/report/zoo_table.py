@@ -24,6 +24,7 @@ PATHS = (
     ("preset, vocab parallel", "zoo_preset", {"vocab_parallel_lm_head": "true"}),
 )
 SUBJECTS = {subject for _, subject, _ in PATHS}
+POINT = {"dtype": "fp32", "zero": 0, "tp": 2}  # the one point of each path the table reads (a run may hold more)
 REGENERATE = "python -m parity.report.zoo_table {summary} docs/zoo-compat.md"
 
 
@@ -94,9 +95,9 @@ def category(text: str) -> str:
 
 
 def path_record(cases: list, subject: str, axes: dict, arch: str) -> dict | None:
-    """The one case of ``subject`` on ``arch`` at the path's axis values (None: not in the run)."""
+    """The case of ``subject`` on ``arch`` at POINT and the path's axis values (None: not in the run)."""
     return next((c for c in cases if c["subject"] == subject and c["axes"].get("arch") == arch
-                 and all(c["axes"].get(k) == v for k, v in axes.items())), None)
+                 and all(c["axes"].get(k) == v for k, v in {**POINT, **axes}.items())), None)
 
 
 def render(summary: dict, summary_path: str) -> str:
