@@ -442,7 +442,7 @@ def heuristic_refusal(model) -> str | None:
 def heuristic_layers(model, tp: int, kv: int | None) -> tuple[dict, dict, dict]:
     """(module types, shards, layouts) of every layer the heuristic walk replaces: each nn.Linear inside every
     instance of a parsed block class (replace_transformer_layer -> AutoTP._replace_module, named "parent.leaf"):
-    an MoE router ("mlp.gate") and MLA's low-rank projections stay whole; gate_up_proj is a packed gate/up
+    an MoE router ("mlp.gate", Qwen2-MoE's shared_expert_gate) and MLA's low-rank projections stay whole; gate_up_proj is a packed gate/up
     column pair; a parsed all-reduce layer or any down_proj is a row LinearAllreduce (weight dim 1, bias whole);
     a fused q/k/v name a fused column layer (dim 0, its model-specific layout not claimed); any other Linear a
     column LinearLayer; an nn.Embedding in a block is cut along its hidden dim (_slice_embedding)."""
@@ -467,7 +467,8 @@ def heuristic_layers(model, tp: int, kv: int | None) -> tuple[dict, dict, dict]:
 
         def linear(child, full, name):
             out_f, in_f = child.weight.shape
-            if name in ("mlp.gate", "block_sparse_moe.gate") or any(w in name for w in HEURISTIC_SKIP):
+            if (name in ("mlp.gate", "block_sparse_moe.gate") or any(w in name for w in HEURISTIC_SKIP)
+                    or name == "mlp.shared_expert_gate" and "qwen2_moe" in str(type(block))):
                 shards.update({f"{full}.weight": None, f"{full}.bias": None})
             elif "gate_up_proj" in name:
                 types[full] = "GateUpPack_LinearLayer"
