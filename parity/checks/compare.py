@@ -275,9 +275,14 @@ class Comparison:
                      f"expected replicated {full}, built {got}{placed}")
             return
         axis = dim % len(full)
-        part = shard_slice(full[axis], self.tp, o.tp_rank, self.grain, self.split)
-        want = full[:axis] + (part.stop - part.start,) + full[axis + 1:]
-        expected = f"[{part.start}, {part.stop}) of {full[axis]} along dim {dim} ({self.split} in {self.tp})"
+        if name in self.claims.param_layout:
+            ranges = self.claims.param_layout[name][o.tp_rank]
+            want = full[:axis] + (sum(b - a for a, b in ranges),) + full[axis + 1:]
+            expected = f"{ranges} of {full[axis]} along dim {dim} (the claimed layout in {self.tp})"
+        else:
+            part = shard_slice(full[axis], self.tp, o.tp_rank, self.grain, self.split)
+            want = full[:axis] + (part.stop - part.start,) + full[axis + 1:]
+            expected = f"[{part.start}, {part.stop}) of {full[axis]} along dim {dim} ({self.split} in {self.tp})"
         if got == want:
             self.add(check, True, rank=rank, detail=f"built {got}: {expected}{placed}")
             return
@@ -425,6 +430,9 @@ class Comparison:
 
     def _param_view(self, name, array, rank, which: Trajectory):
         dim = self.claims.param_shards.get(name)
+        if dim is not None and name in self.claims.param_layout:
+            ranges = self.claims.param_layout[name][self.obs[rank].tp_rank]
+            return np.concatenate([np.take(array, np.arange(a, b), axis=dim) for a, b in ranges], axis=dim)
         full = which.get("weight", -1, None, None, name)
         total = full.shape[dim] if dim is not None else 0
         return _take(array, dim, total, self.tp, self.obs[rank].tp_rank, self.grain, self.split)

@@ -57,6 +57,8 @@ UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row
 # The transformers architectures through AutoTP (parity/subjects/zoo.py): column-sharded attention and MLP, and a
 # gathered column or vocabulary-parallel head.
 ZOO_PLAN, ZOO_VOCAB = "zoo_hf_plan", "zoo_vocab_parallel"
+# The same architectures through AutoTP's heuristic parser (plan removed) and through a preset_model.
+ZOO_HEURISTIC, ZOO_PRESET = "zoo_heuristic", "zoo_preset"
 
 
 def families() -> tuple:
@@ -1193,7 +1195,8 @@ MUTANTS = [
            "reaching the head input misses the other shards' terms",
            "deepspeed.module_inject.layers.ColumnParallel.backward", "head_input_grad", (COLUMN, VOCAB, TIED_VOCAB, D_COLUMN, D_VOCAB, HF_COLUMN,
                                                                              EMBED_SPEC, SPEC_REACH, PRESET, HEURISTIC,
-                                                                             ZOO_PLAN, ZOO_VOCAB),
+                                                                             ZOO_PLAN, ZOO_VOCAB, ZOO_HEURISTIC,
+                                                                             ZOO_PRESET),
            _column_backward_no_allreduce),
     Mutant("column_backward_world_group",
            "ColumnParallel.backward all-reduces over the default (world) group instead of ctx.group",

@@ -13,7 +13,18 @@ from pathlib import Path
 
 from parity.axes import ARCHITECTURES
 
-PATHS = ("zoo_hf_plan", "zoo_vocab_parallel")
+# The table's columns: (heading, subject, the axis values of that path's cases). cases/zoo/full.toml runs each at
+# fp32, TP 2, ZeRO 0.
+PATHS = (
+    ("hf plan", "zoo_hf_plan", {}),
+    ("hf plan, vocab parallel", "zoo_vocab_parallel", {}),
+    ("heuristic", "zoo_heuristic", {"vocab_parallel_lm_head": "false"}),
+    ("heuristic, vocab parallel", "zoo_heuristic", {"vocab_parallel_lm_head": "true"}),
+    ("preset", "zoo_preset", {"vocab_parallel_lm_head": "false"}),
+    ("preset, vocab parallel", "zoo_preset", {"vocab_parallel_lm_head": "true"}),
+)
+SUBJECTS = {subject for _, subject, _ in PATHS}
+POINT = {"dtype": "fp32", "zero": 0, "tp": 2}  # the one point of each path the table reads (a run may hold more)
 REGENERATE = "python -m parity.report.zoo_table {summary} docs/zoo-compat.md"
 
 
@@ -83,14 +94,29 @@ def category(text: str) -> str:
     return text.split(" (", 1)[0]
 
 
+def path_record(cases: list, subject: str, axes: dict, arch: str) -> dict | None:
+    """The case of ``subject`` on ``arch`` at POINT and the path's axis values (None: not in the run)."""
+    return next((c for c in cases if c["subject"] == subject and c["axes"].get("arch") == arch
+                 and all(c["axes"].get(k) == v for k, v in {**POINT, **axes}.items())), None)
+
+
 def render(summary: dict, summary_path: str) -> str:
-    records = {(c["subject"], c["axes"]["arch"]): c for c in summary["cases"] if c["subject"] in PATHS}
+    from parity.subjects.zoo import PRESET_OF
+
+    cases = [c for c in summary["cases"] if c["subject"] in SUBJECTS]
+
+    def cell_of(subject, axes, arch):
+        if subject == "zoo_preset" and arch not in PRESET_OF:
+            return "no preset"
+        return cell(path_record(cases, subject, axes, arch))
+
     packages = summary.get("packages", {})
     versions = ", ".join(f"{name} {packages[name]['version']}" for name in ("torch", "deepspeed", "transformers")
                          if name in packages)
-    rows = {arch: [cell(records.get((path, arch))) for path in PATHS] for arch in ARCHITECTURES}
+    rows = {arch: [cell_of(subject, axes, arch) for _, subject, axes in PATHS]
+            for arch in ARCHITECTURES}
     counts = []
-    for i, path in enumerate(PATHS):
+    for i, (path, _, _) in enumerate(PATHS):
         tally: dict = {}
         for cells in rows.values():
             tally[category(cells[i])] = tally.get(category(cells[i]), 0) + 1
@@ -104,14 +130,17 @@ def render(summary: dict, summary_path: str) -> str:
         "",
         f"Regenerate: `{REGENERATE.format(summary=summary_path)}` (tests/report/test_zoo_table.py holds it current).",
         "",
-        "`zoo_hf_plan`: the model's own HF tp_plan, no partition_config. `zoo_vocab_parallel`: the same with "
-        "vocab_parallel_lm_head true. passed: every check holds; diverged: a known finding (its reproducer); "
+        "hf plan (`zoo_hf_plan`): the model's own HF tp_plan, no partition_config; hf plan, vocab parallel "
+        "(`zoo_vocab_parallel`): the same with vocab_parallel_lm_head true; heuristic (`zoo_heuristic`): the plan "
+        "removed, AutoTP's heuristic parser; preset (`zoo_preset`): tensor_parallel.preset_model of the "
+        "architecture's AutoTP preset family (only those rows); each with vocab_parallel_lm_head false, and true "
+        "(the vocab parallel columns). not in this run: the summary holds no such case. passed: every check holds; diverged: a known finding (its reproducer); "
         "refused: deepspeed.initialize refused the model (unsupported plan styles, no AutoTP policy, an embedding "
         "it cannot shard); cannot run: skipped, the census reason; failed: not yet explained (a check or an error).",
         "",
         *(f"- {c}" for c in counts),
         "",
-        "| architecture | " + " | ".join(f"`{p}`" for p in PATHS) + " |",
+        "| architecture | " + " | ".join(path for path, _, _ in PATHS) + " |",
         "|---|" + "---|" * len(PATHS),
         *(f"| {arch} | " + " | ".join(cells) + " |" for arch, cells in rows.items()),
     ]

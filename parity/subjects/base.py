@@ -40,6 +40,9 @@ def padding_index(values: dict) -> int | None:
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
     param_shards: dict  # parameter name -> dim it is sharded along, None when replicated
+    # parameter name -> for each TP rank, the (start, stop) ranges of the full dim it holds, in order: a layout the
+    # library documents other than the split formula (AutoTP's kv-head split, a packed gate/up pair's halves).
+    param_layout: dict = field(default_factory=dict)
     # per-micro-batch records -> the dim a rank holds a shard of (None: every rank holds all of it).
     # Sharded records are also assembled by the harness and checked whole.
     micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})

@@ -27,8 +27,13 @@ from references.trajectory import Trajectory, train_reference
 
 # clip (quiet at 0: no case id changes) and gas 1 and 4: what `parity check` reads from a user's gradient_clipping and
 # gradient_accumulation_steps (parity/matrix/user_config.py).
-ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (1, 2, 4), "tp": (2,),
-            "clip": None, "device": None}
+ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (1, 2, 4),
+            "tp": (2, 3), "clip": None, "device": None}
+# tp_shard._KV_HEAD_ATTRS: the config attributes AutoTP reads its kv-head count from, in its probe order.
+KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "kv_n_heads",
+                 "num_attention_heads", "n_heads", "attention_heads")
+# tp_shard.get_shard_size: layers whose name holds one of these are split near-evenly, never by kv heads.
+NEAR_EVEN_NAMES = ("mlp", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 CENSUS = Path(__file__).resolve().parents[2] / "results" / "zoo" / "census.json"
 VOCAB_PARALLEL_MICRO = {"logits": -1, "loss": None, "head_input_grad": None}
 
@@ -89,6 +94,9 @@ def planned(arch: str) -> dict:
             "embedding_shardable": (type(emb).forward is torch.nn.Embedding.forward
                                     or type(emb).__name__ == "Gemma3TextScaledWordEmbedding"),
             "linears": {n: s for n, s in linears.items() if s is not None},
+            "shapes": {name: tuple(m.weight.shape) for name, m in model.named_modules()
+                       if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2},
+            "kv": kv_heads(model.config),
             "vocab": zoo._text(model.config).vocab_size}
 
 
@@ -103,21 +111,64 @@ def freeze_other_towers(model) -> None:
             p.requires_grad_(False)
 
 
-def layer_claims(linears: dict) -> tuple[dict, dict]:
-    """Module types and parameter shards of the plan's layers: colwise (and the gathered styles) -> a column
-    LinearLayer, weight and bias sharded on dim 0; rowwise -> LinearAllreduce, weight on dim 1, bias whole;
-    replicated_with_grad_allreduce and embedding_rowwise on a Linear -> left whole (a skip spec)."""
-    types, shards = {}, {}
+def kv_heads(config) -> int | None:
+    """The kv-head count AutoTP shards attention by (tp_shard.AutoTPMeta.from_model_config): the text config's
+    (``text_config`` where the config has one), first of KV_HEAD_ATTRS that is set."""
+    config = getattr(config, "text_config", None) or config
+    return next((getattr(config, a) for a in KV_HEAD_ATTRS if getattr(config, a, None) is not None), None)
+
+
+def autotp_sizes(total: int, tp: int, kv: int | None, name: str) -> list[int]:
+    """The split DeepSpeed documents for a layer (tp_shard.get_shard_size, "a known kv-head count allows uneven
+    division"): whole kv heads per rank where the dimension is a multiple of the kv-head count and the layer is no
+    MLP or output head; near-even otherwise (tp_grain_size 1)."""
+    if (kv and total % kv == 0 and not any(w in name for w in NEAR_EVEN_NAMES)
+            and name not in ("lm_head", "embed_out")):
+        return [total * (kv // tp + (r < kv % tp)) // kv for r in range(tp)]
+    return [total // tp + (r < total % tp) for r in range(tp)]
+
+
+def contiguous(sizes: list[int]) -> tuple:
+    """A layout of one contiguous range per rank, in rank order."""
+    starts = [sum(sizes[:r]) for r in range(len(sizes))]
+    return tuple(((a, a + n),) for a, n in zip(starts, sizes))
+
+
+def packed(parts: list[int], tp: int, kv: int | None, name: str) -> tuple:
+    """Sub-parameters (gate and up halves, q/k/v blocks) stacked along dim 0, each split on its own by
+    autotp_sizes; a rank holds its piece of every one, in order (SubParamColumnParallel)."""
+    layout, offset = [[] for _ in range(tp)], 0
+    for part in parts:
+        for r, rng in enumerate(contiguous(autotp_sizes(part, tp, kv, name))):
+            layout[r].append((offset + rng[0][0], offset + rng[0][1]))
+        offset += part
+    return tuple(tuple(r) for r in layout)
+
+
+def layer_claims(linears: dict, tp: int = 2, kv: int | None = None, names: dict | None = None,
+                 weights: dict | None = None) -> tuple[dict, dict, dict]:
+    """Module types, parameter shards and layouts of the plan's layers: colwise (and the gathered styles) -> a
+    column LinearLayer, weight and bias sharded on dim 0; rowwise -> LinearAllreduce, weight on dim 1, bias whole;
+    replicated_with_grad_allreduce and embedding_rowwise on a Linear -> left whole (a skip spec). ``names``: the
+    name DeepSpeed gives each layer (its split depends on it, autotp_sizes); ``weights``: their full shapes."""
+    types, shards, layouts = {}, {}, {}
     for name, style in linears.items():
+        ds_name = (names or {}).get(name, name)
+        shape = (weights or {}).get(name)
         if style in ("colwise", "colwise_rep", "colwise_gather_output"):
             types[name] = "LinearLayer"
             shards.update({f"{name}.weight": 0, f"{name}.bias": 0})
+            if shape is not None:
+                layouts[f"{name}.weight"] = layouts[f"{name}.bias"] = contiguous(
+                    autotp_sizes(shape[0], tp, kv, ds_name))
         elif style == "rowwise":
             types[name] = "LinearAllreduce"
             shards.update({f"{name}.weight": 1, f"{name}.bias": None})
+            if shape is not None:
+                layouts[f"{name}.weight"] = contiguous(autotp_sizes(shape[1], tp, kv, ds_name))
         elif style in ("replicated_with_grad_allreduce", "embedding_rowwise"):
             shards.update({f"{name}.weight": None, f"{name}.bias": None})
-    return types, shards
+    return types, shards, layouts
 
 
 def model_inputs(model, batch: dict) -> dict:
@@ -163,6 +214,10 @@ class ZooHead(EngineHead):
         vocab = zoo._text(model.config).vocab_size
         if vocab != values["vocab"]:  # the batches draw ids from values["vocab"]
             raise ValueError(f"{values['arch']}: the tiny config's vocabulary is {vocab}, the case's {values['vocab']}")
+        if model._can_set_experts_implementation():
+            # The experts' eager loop: torch's grouped_mm (transformers' default) takes no float64 operands, which
+            # the oracle trains in; eager is the class's own plain-PyTorch path, on the ranks and in the reference.
+            model.set_experts_implementation("eager")
         move_media_ids(model)
         freeze_other_towers(model)
         return model
@@ -221,7 +276,13 @@ class ZooHead(EngineHead):
     def claims(self, values):
         info = self.info(values)
         head, emb = info["head"], info["embedding"]
-        types, shards = layer_claims(info["linears"])
+        # The plan path names each layer by its full path (AutoTP._replace_module under a partition_config).
+        types, shards, layouts = layer_claims(info["linears"], values["tp"], info["kv"], weights=info["shapes"])
+        return self.head_claims(values, info, types, shards, layouts)
+
+    def head_claims(self, values, info, types, shards, layouts):
+        """The claims with the head's and the embedding's added to the layers' (types, shards, layouts)."""
+        head, emb = info["head"], info["embedding"]
         if self.vocab_parallel(values):
             types.update({head: "VocabParallelLinear", "loss_function": "VocabParallelCausalLMLoss"})
             if info["tied"]:
@@ -229,10 +290,11 @@ class ZooHead(EngineHead):
                 shards[f"{emb}.weight"] = 0
             else:
                 shards.update({f"{head}.weight": 0, f"{head}.bias": 0, f"{emb}.weight": None})
-            return Claims(module_types=types, param_shards=shards, micro_records=VOCAB_PARALLEL_MICRO,
+            return Claims(module_types=types, param_shards=shards, param_layout=layouts,
+                          micro_records=VOCAB_PARALLEL_MICRO,
                           loss_backend="torch", logits_from_head=info["logits_from_head"],
                           shared_params=((f"{head}.weight", f"{emb}.weight"),) if info["tied"] else ())
-        style = plan_style(info["plan"], head)
+        style = self.head_style(values, info)
         if style in ("colwise_gather_output", "colwise_rep") and not info["tied"]:
             types[head], shards[f"{head}.weight"], shards[f"{head}.bias"] = "LinearLayer", 0, 0
         else:
@@ -240,8 +302,13 @@ class ZooHead(EngineHead):
             # (docs/subjects.md#hf-tp_plan-heads); a head the plan does not name stays a replicated nn.Linear.
             types[head], shards[f"{head}.weight"] = "Linear", None
         shards[f"{emb}.weight"] = None
-        return Claims(module_types=types, param_shards=shards, logits_from_head=info["logits_from_head"],
+        return Claims(module_types=types, param_shards=shards, param_layout=layouts,
+                      logits_from_head=info["logits_from_head"],
                       shared_params=((f"{head}.weight", f"{emb}.weight"),) if info["tied"] else ())
+
+    def head_style(self, values, info) -> str | None:
+        """The plan style that reaches the head when it is not vocabulary-parallel (None: it stays nn.Linear)."""
+        return plan_style(info["plan"], info["head"])
 
 
 class ZooHFPlan(ZooHead):
@@ -264,3 +331,300 @@ class ZooVocabParallel(ZooHead):
 
     def vocab_parallel(self, values):
         return True
+
+
+# -- AutoTP's heuristic parser (the path of a model without a plan) -------------------------------------------------
+# auto_tp.py AutoTP.tp_parser: the layer-norm names that end a run of Linears, and the model prefixes it refuses.
+HEURISTIC_NORM_NAMES = ("LayerNorm", "layer_norm", "ln_1", "ln_2")
+HEURISTIC_UNSUPPORTED = ("deberta", "flaubert", "fsmt", "gpt2", "led", "longformer", "xlm", "xlnet")
+# AutoTP._replace: layers it leaves whole (an MoE router, MLA's low-rank projections) and the fused q/k/v names
+# (fusedqkv_utils.require_tp_fused_qkvw) it cuts with a model-specific layout.
+HEURISTIC_SKIP = ("q_a_proj", "kv_a_proj_with_mqa")
+FUSED_QKV_NAMES = ("qkv_proj", "query_key_value", "attn.Wqkv", "self_attn.W_pack", "c_attn")
+
+
+def block_classes(model) -> list:
+    """AutoTP.get_module_list: one instance of each distinct class among the children of every nn.ModuleList the
+    walk reaches (it descends through other children, not into a ModuleList's own children)."""
+    found = []
+    for child in model.children():
+        if isinstance(child, torch.nn.ModuleList):
+            found += [m for m in child.children() if type(m).__name__ not in {type(f).__name__ for f in found}]
+        else:
+            found += [m for m in block_classes(child) if type(m).__name__ not in {type(f).__name__ for f in found}]
+    return found
+
+
+def _layer_names(parent: str, module) -> list[str]:
+    """AutoTP.get_layers: a Linear child as "parent.key", a layer norm as "ln", deeper modules named by their own
+    parent's key only."""
+    names = []
+    for key, sub in module._modules.items():
+        if isinstance(sub, torch.nn.Linear):
+            names.append(f"{parent}.{key}")
+        elif isinstance(sub, torch.nn.LayerNorm) or key in ("LayerNorm", "layer_norm"):
+            names.append("ln")
+        elif sub is not None:
+            names += _layer_names(key, sub)
+    return names
+
+
+def all_reduce_names(model, block) -> set[str]:
+    """AutoTP.tp_parser's row-parallel ("all-reduce") layers of a block class, as its docstring-less rules read
+    them: the last Linear before each layer norm, and every out_proj, o_proj, down_proj (plus its model-named
+    cases: GPTNeoX attention.dense, Falcon/ChatGLM self_attention.dense, ChatGLM dense_4h_to_h, Mixtral w2, Phi
+    self_attn.dense); a norm's predecessor is taken cyclically, as the parser indexes it."""
+    names = []
+    for key, sub in block._modules.items():
+        if isinstance(sub, torch.nn.Linear):
+            names.append(f".{key}")
+        elif isinstance(sub, torch.nn.LayerNorm) or key in HEURISTIC_NORM_NAMES:
+            names.append("ln")
+        elif sub is not None:
+            names += _layer_names(key, sub)
+    model_str, block_type = str(model), str(type(block))
+    gems = set()
+    for i, layer in enumerate(names):
+        if layer == "ln":
+            # names[i - 1] at i = 0 is the last name (the parser's own indexing): a pre-norm block's first norm
+            # names the block's last Linear.
+            if names[i - 1] != "ln":
+                gems.add(names[i - 1])
+        elif any(w in layer for w in ("out_proj", "o_proj", "down_proj")) or (
+                "attention.dense" in layer and "GPTNeoX" in model_str) or (
+                "self_attention.dense" in layer and "falcon" in block_type) or (
+                "w2" in layer and "Mixtral" in block_type) or (
+                "self_attn.dense" in layer and "Phi" in block_type) or (
+                "ChatGLM" in model_str and ("self_attention.dense" in layer or "dense_4h_to_h" in layer)):
+            gems.add(layer)
+    return gems
+
+
+# fusedqkv_utils.FUSED_QKV_TYPE_DICT: the fused q/k/v layout by the block's class name (the longest name found in
+# the block's repr); an unnamed block is cut the bloom way.
+FUSED_QKV_TYPES = {"CodeGenBlock": "codegen", "BloomBlock": "bloom", "GLMBlock": "glm", "MPTBlock": "glm",
+                   "MptBlock": "glm", "BaichuanLayer": "glm", "QWenBlock": "qwen", "FalconDecoderLayer": "bloom",
+                   "GPTBigCodeBlock": "bigcode", "DecoderLayer": "glm", "Phi3DecoderLayer": "phi3"}
+
+
+def fused_parts(block, config, shape) -> list[int] | None:
+    """The sub-parameters a fused q/k/v weight is cut into, each split on its own (fusedqkv_utils
+    fused_qkv_subparam_sizes, under no layer name): bloom one block; glm and qwen three thirds (q, k, v of
+    n_embd and two kv widths with 2 kv heads); phi3 q, k, v by head width; codegen and bigcode: None."""
+    found = [k for k in FUSED_QKV_TYPES if k in str(block)]
+    kind = FUSED_QKV_TYPES[max(found, key=len)] if found else "bloom"
+    config = getattr(config, "text_config", None) or config
+    kv, total = kv_heads(config), shape[0]
+    if kind == "bloom":
+        return [total]
+    if kind in ("glm", "qwen"):
+        n_embd = getattr(config, "n_embd", None) or getattr(config, "hidden_size", None)
+        return [n_embd, (total - n_embd) // 2, (total - n_embd) // 2] if kv == 2 else [total // 3] * 3
+    if kind == "phi3":
+        heads = next(getattr(config, a) for a in ("num_attention_heads", "num_heads", "n_heads", "n_head")
+                     if getattr(config, a, None) is not None)
+        kv_dim = kv * (shape[1] // heads)
+        return [total - 2 * kv_dim, kv_dim, kv_dim]
+    return None
+
+
+def heuristic_refusal(model) -> str | None:
+    """What AutoTP.supported / tp_parser refuse before touching the model (their assertion messages), else None."""
+    text = str(model)
+    key = re.search(r": (.*?)Model", text) or re.search(r": (.*?)Stack", text) or re.match(r"(.*?)Model", text)
+    if key is None:
+        return "Not able to determine model policy automatically"
+    if key.group(1).lower() in HEURISTIC_UNSUPPORTED:
+        return "AutoTP not supported for model"
+    if not any(all_reduce_names(model, b) for b in block_classes(model)):
+        return "Not able to determine model policy automatically"
+    return None
+
+
+def heuristic_layers(model, tp: int, kv: int | None) -> tuple[dict, dict, dict]:
+    """(module types, shards, layouts) of every layer the heuristic walk replaces: each nn.Linear inside every
+    instance of a parsed block class (replace_transformer_layer -> AutoTP._replace_module, named "parent.leaf"):
+    an MoE router ("mlp.gate", Qwen2-MoE's shared_expert_gate) and MLA's low-rank projections stay whole; gate_up_proj is a packed gate/up
+    column pair; a parsed all-reduce layer or any down_proj is a row LinearAllreduce (weight dim 1, bias whole);
+    a fused q/k/v name a fused column layer (dim 0, its model-specific layout not claimed); any other Linear a
+    column LinearLayer; an nn.Embedding in a block is cut along its hidden dim (_slice_embedding)."""
+    types, shards, layouts = {}, {}, {}
+    policies = {type(b): all_reduce_names(model, b) for b in block_classes(model)}
+    policies = {cls: gems for cls, gems in policies.items() if gems}
+    for path, block in model.named_modules():
+        if type(block) not in policies:
+            continue
+        gems = policies[type(block)]
+
+        def walk(module, prefix, parent):
+            for key, child in module.named_children():
+                full, name = f"{prefix}.{key}", f"{parent}.{key}"
+                if isinstance(child, torch.nn.Linear):
+                    linear(child, full, name)
+                elif isinstance(child, torch.nn.Embedding):
+                    shards[f"{full}.weight"] = 1
+                    layouts[f"{full}.weight"] = contiguous(autotp_sizes(child.weight.shape[1], tp, kv, name))
+                else:
+                    walk(child, full, key)
+
+        def linear(child, full, name):
+            out_f, in_f = child.weight.shape
+            if (name in ("mlp.gate", "block_sparse_moe.gate") or any(w in name for w in HEURISTIC_SKIP)
+                    or name == "mlp.shared_expert_gate" and "qwen2_moe" in str(type(block))):
+                shards.update({f"{full}.weight": None, f"{full}.bias": None})
+            elif "gate_up_proj" in name:
+                types[full] = "GateUpPack_LinearLayer"
+                shards.update({f"{full}.weight": 0, f"{full}.bias": 0})
+                layouts[f"{full}.weight"] = layouts[f"{full}.bias"] = packed([out_f // 2] * 2, tp, kv, "mlp")
+            elif name in gems or "down_proj" in name:
+                types[full] = "LinearAllreduce"
+                shards.update({f"{full}.weight": 1, f"{full}.bias": None})
+                layouts[f"{full}.weight"] = contiguous(autotp_sizes(in_f, tp, kv, name))
+            elif any(w in name for w in FUSED_QKV_NAMES):
+                types[full] = "fused_LinearLayer"
+                shards.update({f"{full}.weight": 0, f"{full}.bias": 0})
+                parts = fused_parts(block, model.config, child.weight.shape)
+                if parts is not None:  # codegen's and gpt_bigcode's layouts have no per-part description
+                    layouts[f"{full}.weight"] = layouts[f"{full}.bias"] = packed(parts, tp, kv, "None")
+            else:
+                types[full] = "LinearLayer"
+                shards.update({f"{full}.weight": 0, f"{full}.bias": 0})
+                layouts[f"{full}.weight"] = layouts[f"{full}.bias"] = contiguous(autotp_sizes(out_f, tp, kv, name))
+
+        walk(block, path, "")
+    return types, shards, layouts
+
+
+def drop_plan(model) -> None:
+    """The model as one without an HF plan reaches DeepSpeed: config.base_model_tp_plan (and the text config's),
+    the instance's _tp_plan and the class's cleared. The class plan is cleared on a subclass of the same name made
+    for this model, so the class itself (and every other case in the process) keeps its plan."""
+    for config in {id(c): c for c in (model.config, zoo._text(model.config))}.values():
+        config.base_model_tp_plan = None
+    model.__dict__["_tp_plan"] = None
+    cls = type(model)
+    model.__class__ = type(cls.__name__, (cls,), {"_tp_plan": None, "__module__": cls.__module__})
+
+
+@functools.lru_cache(maxsize=None)
+def heuristic_info(arch: str, tp: int) -> dict:
+    """planned(arch) with the heuristic's refusal and its layers' claims, read off the built fp32 model."""
+    model = zoo.build(arch)
+    info = planned(arch)
+    refusal = heuristic_refusal(model)
+    layers = ({}, {}, {}) if refusal else heuristic_layers(model, tp, info["kv"])
+    return {**info, "refusal": refusal, "layers": layers}
+
+
+class ZooHeuristic(ZooHead):
+    name = "zoo_heuristic"
+    feature = None
+    axes = {**ZOO_AXES, "vocab_parallel_lm_head": ("false", "true")}
+    defaults = {"vocab": zoo.VOCAB, "vocab_parallel_lm_head": "false"}
+    description = ("A zoo architecture with its HF plan removed (config.base_model_tp_plan and the _tp_plan "
+                   "attributes cleared), no partition_config: AutoTP's heuristic parser shards its blocks; "
+                   "vocab_parallel_lm_head true or false; claims from the parser's documented name rules.")
+
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        drop_plan(model)
+        return model
+
+    def model_facts(self, model):
+        return {**super().model_facts(model), "heuristic_refusal": heuristic_refusal(model)}
+
+    def tensor_parallel_config(self, values):
+        return {"vocab_parallel_lm_head": values["vocab_parallel_lm_head"] == "true"}
+
+    def vocab_parallel(self, values):
+        return values["vocab_parallel_lm_head"] == "true"
+
+    def head_style(self, values, info):
+        return None  # set_lm_head returns at once in training mode: nothing replaces a top-level head
+
+    def claims(self, values):
+        info = heuristic_info(values["arch"], values["tp"])
+        types, shards, layouts = (dict(x) for x in info["layers"])
+        return self.head_claims(values, info, types, shards, layouts)
+
+
+# -- tensor_parallel.preset_model -----------------------------------------------------------------------------------
+# model_type -> the AutoTPPresets name a user of that architecture picks (autotp_config.AutoTPPresets.get_preset);
+# chatglm has no causal-LM class in transformers 5.24.
+PRESET_OF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2",
+             "bloom": "bloom"}
+# The presets' layer specs as AutoTPPresets documents them (autotp_config.py): (parameter-name regex, partition
+# type, shape). tests/subjects/test_zoo.py holds them equal to the installed DeepSpeed's.
+PRESET_SPECS = {
+    "llama": ((r".*\.self_attn\.o_proj\.weight$", "row", None), (r".*\.self_attn\.[qkv]_proj\.weight$", "column", None),
+              (r".*\.mlp\.down_proj\.weight$", "row", None), (r".*\.mlp\.(up|gate)_proj\.weight$", "column", None)),
+    "bloom": ((r".*\.self_attention\.dense\.weight$", "row", None),
+              (r".*\.self_attention\.query_key_value\.weight$", "column", None),
+              (r".*\.mlp\.dense_4h_to_h\.weight$", "row", None), (r".*\.mlp\.dense_h_to_4h\.weight$", "column", None)),
+    "mixtral": ((r".*\.self_attn\.o_proj\.weight$", "row", None), (r".*\.self_attn\.[qkv]_proj\.weight$", "column", None),
+                (r".*\.block_sparse_moe\.experts\.\d+\.w2\.weight$", "row", None),
+                (r".*\.block_sparse_moe\.experts\.\d+\.w[13]\.weight$", "column", None),
+                (r".*\.block_sparse_moe\.gate\.weight$", "skip", None)),
+    "deepseek_v2": ((r".*\.self_attn\.o_proj\.weight$", "row", None),
+                    (r".*\.self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight$", "skip", None),
+                    (r".*\.self_attn\.(q_b_proj|kv_b_proj)\.weight$", "column", None),
+                    (r".*\.mlp\.experts\.\d+\.down_proj\.weight$", "row", None),
+                    (r".*\.mlp\.experts\.\d+\.(up|gate)_proj\.weight$", "column", None),
+                    (r".*\.mlp\.gate\.weight$", "skip", None),
+                    (r".*\.mlp\.shared_experts\.down_proj\.weight$", "row", None),
+                    (r".*\.mlp\.shared_experts\.(up|gate)_proj\.weight$", "column", None)),
+    "phi3": ((r".*\.self_attn\.o_proj\.weight$", "row", None), (r".*\.self_attn\.qkv_proj\.weight$", "column", (3, -1)),
+             (r".*\.mlp\.down_proj\.weight$", "row", None), (r".*\.mlp\.gate_up_proj\.weight$", "column", (2, -1))),
+}
+PRESET_SPECS["qwen2"] = PRESET_SPECS["llama"]
+
+
+def preset_layers(arch: str, preset: str, tp: int, kv: int | None, shapes: dict) -> tuple[dict, dict, dict]:
+    """(module types, shards, layouts) the preset's specs make of every module with a 2-D weight (the partition_config
+    walk, AutoTP._replace_with_config): the first spec whose regex matches "<path>.weight"; row -> LinearAllreduce
+    (SubParamLinearAllreduce with a shape), column -> LinearLayer (SubParamLinearLayer: each of shape[0] equal
+    sub-parameters split on its own), skip or no spec -> left whole. Layers are split by their full path."""
+    types, shards, layouts = {}, {}, {}
+    for path, shape in shapes.items():
+        spec = next((s for s in PRESET_SPECS[preset] if re.match(s[0], f"{path}.weight")), None)
+        if spec is None or spec[1] == "skip":
+            continue
+        _, kind, sub = spec
+        if kind == "row":
+            types[path] = "SubParamLinearAllreduce" if sub else "LinearAllreduce"
+            shards.update({f"{path}.weight": 1, f"{path}.bias": None})
+            layouts[f"{path}.weight"] = contiguous(autotp_sizes(shape[1], tp, kv, path))
+        elif sub:
+            types[path] = "SubParamLinearLayer"
+            shards.update({f"{path}.weight": 0, f"{path}.bias": 0})
+            layouts[f"{path}.weight"] = layouts[f"{path}.bias"] = packed([shape[0] // sub[0]] * sub[0], tp, kv, path)
+        else:
+            types[path] = "LinearLayer"
+            shards.update({f"{path}.weight": 0, f"{path}.bias": 0})
+            layouts[f"{path}.weight"] = layouts[f"{path}.bias"] = contiguous(autotp_sizes(shape[0], tp, kv, path))
+    return types, shards, layouts
+
+
+class ZooPreset(ZooHead):
+    name = "zoo_preset"
+    feature = None
+    axes = {**ZOO_AXES, "arch": tuple(PRESET_OF), "vocab_parallel_lm_head": ("false", "true")}
+    defaults = {"vocab": zoo.VOCAB, "vocab_parallel_lm_head": "false"}
+    description = ("A zoo architecture of an AutoTP preset family (llama, qwen2, phi3, mixtral, deepseek_v2, bloom) "
+                   "through tensor_parallel.preset_model, its HF plan left in place (a partition_config wins over "
+                   "it); vocab_parallel_lm_head true or false; claims from the preset's layer specs.")
+
+    def tensor_parallel_config(self, values):
+        return {"preset_model": PRESET_OF[values["arch"]],
+                "vocab_parallel_lm_head": values["vocab_parallel_lm_head"] == "true"}
+
+    def vocab_parallel(self, values):
+        return values["vocab_parallel_lm_head"] == "true"
+
+    def head_style(self, values, info):
+        return None  # no preset spec names the head: it stays the user's nn.Linear
+
+    def claims(self, values):
+        info = self.info(values)
+        layers = preset_layers(values["arch"], PRESET_OF[values["arch"]], values["tp"], info["kv"], info["shapes"])
+        return self.head_claims(values, info, *layers)

@@ -85,3 +85,72 @@ def test_full_zoo_file_lists_every_architecture_through_both_paths_outside_the_d
     for subject in ("zoo_hf_plan", "zoo_vocab_parallel"):
         assert sorted(c.values["arch"] for c in cases if c.subject == subject) == sorted(ARCHITECTURES), subject
     assert {(c.values["dtype"], c.values["zero"], c.values["tp"]) for c in cases} == {("fp32", 0, 2)}
+
+
+def test_full_zoo_file_lists_every_architecture_through_the_heuristic_and_each_preset_family():
+    from parity.axes import ARCHITECTURES
+    from parity.matrix.cases import load
+    from parity.subjects.zoo import PRESET_OF
+
+    cases = load([ROOT / "cases" / "zoo" / "full.toml"])
+    for flag in ("false", "true"):
+        heuristic = [c.values["arch"] for c in cases
+                     if c.subject == "zoo_heuristic" and c.values["vocab_parallel_lm_head"] == flag]
+        preset = [c.values["arch"] for c in cases
+                  if c.subject == "zoo_preset" and c.values["vocab_parallel_lm_head"] == flag]
+        assert sorted(heuristic) == sorted(ARCHITECTURES), flag
+        assert sorted(preset) == sorted(PRESET_OF), flag
+
+
+def test_preset_specs_are_the_installed_deepspeed_presets():
+    """The claims' copy of AutoTPPresets (parity/subjects/zoo.py PRESET_SPECS) is the installed DeepSpeed's."""
+    if find_spec("deepspeed") is None:
+        skip_or_fail("deepspeed is not installed (requirements-cpu.txt pins it)")
+    from deepspeed.module_inject.autotp_config import AutoTPPresets
+
+    from parity.subjects.zoo import PRESET_OF, PRESET_SPECS
+
+    for preset in set(PRESET_OF.values()):
+        installed = tuple((p, s.partition_type.value, s.shape) for s in AutoTPPresets.get_preset(preset).layer_specs
+                          for p in s.patterns)
+        assert PRESET_SPECS[preset] == installed, preset
+
+
+def test_autotp_sizes_cut_attention_by_kv_heads_and_the_rest_near_evenly():
+    from parity.subjects.zoo import autotp_sizes, contiguous, packed
+
+    assert autotp_sizes(32, 3, 4, "model.layers.0.self_attn.q_proj") == [16, 8, 8]  # 4 kv heads: 2/1/1
+    assert autotp_sizes(16, 3, 2, "model.layers.0.self_attn.k_proj") == [8, 8, 0]  # 2 kv heads over 3 ranks
+    assert autotp_sizes(64, 3, 4, "model.layers.0.mlp.up_proj") == [22, 21, 21]
+    assert autotp_sizes(125, 3, 1, "lm_head") == [42, 42, 41]
+    assert contiguous([2, 1]) == (((0, 2),), ((2, 3),))
+    assert packed([4, 4], 2, None, "mlp") == (((0, 2), (4, 6)), ((2, 4), (6, 8)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "phi"])
+def test_heuristic_claims_follow_the_parsers_name_rules(arch):
+    """The heuristic's row layers: o_proj / down_proj by name, GPT-NeoX's attention.dense by model name, the Linear
+    before a block's first norm (cyclically: the block's last Linear, dense_4h_to_h, fc2); the rest column."""
+    subject = SUBJECTS["zoo_heuristic"]
+    claims = subject.claims(resolve(subject, {"arch": arch}))
+    rows = {p.split(".", 3)[-1] for p, t in claims.module_types.items() if t == "LinearAllreduce"}
+    assert rows == {"llama": {"self_attn.o_proj", "mlp.down_proj"},
+                    "gpt_neox": {"attention.dense", "mlp.dense_4h_to_h"},
+                    "phi": {"self_attn.dense", "mlp.fc2"}}[arch]
+    assert claims.module_types[subject.info(resolve(subject, {"arch": arch}))["head"]] == "Linear"
+
+
+def test_heuristic_refusals_and_plan_removal():
+    import torch
+
+    from parity.subjects.zoo import heuristic_info
+
+    assert heuristic_info("gpt2", 2)["refusal"] == "AutoTP not supported for model"
+    assert heuristic_info("llama", 2)["refusal"] is None
+    subject = SUBJECTS["zoo_heuristic"]
+    model = subject.build(resolve(subject, {"arch": "llama"}), torch.float32)
+    assert model.config.base_model_tp_plan is None and type(model)._tp_plan is None
+    assert model.__dict__["_tp_plan"] is None and type(model).__name__ == "LlamaForCausalLM"
+    from transformers import LlamaForCausalLM
+
+    assert LlamaForCausalLM._tp_plan  # the class itself keeps its plan
