@@ -68,6 +68,21 @@ class Claims:
     logits_from_head: bool = True
 
 
+# The micro-batch records of a head whose logits stay vocabulary-sharded: each rank its block along the last dim.
+LOCAL_LOGITS = {"logits": -1, "loss": None, "head_input_grad": None}
+
+
+def head_claims(head: str, module: str, weight_dim, bias_dim=0, vocab_loss: bool = False, **more) -> Claims:
+    """The tiny LM's claims where only the head at ``head`` became ``module``: its weight sharded along
+    ``weight_dim``, its bias along ``bias_dim`` (None: replicated). vocab_loss: VocabParallelCausalLMLoss is
+    model.loss_function and the logits stay sharded."""
+    modules = {head: module, "proj": "Linear", "embed_tokens": "Embedding"}
+    if vocab_loss:
+        modules["loss_function"] = "VocabParallelCausalLMLoss"
+        more.setdefault("micro_records", dict(LOCAL_LOGITS))
+    return Claims(module_types=modules, param_shards={f"{head}.weight": weight_dim, f"{head}.bias": bias_dim}, **more)
+
+
 @dataclass
 class RankContext:
     """Where a rank process stands; built once per process by the worker."""

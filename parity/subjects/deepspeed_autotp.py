@@ -20,7 +20,7 @@ from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
 import parity.subjects.loss_scaling as loss_scaling  # the module, not the package: no import cycle
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, RankContext, Subject, head_claims
 from parity.subjects.driver import attribute, record_structure
 from parity.observe.dtypes import DTYPES
 from references.model_config import hf_like_config, text_kv_heads
@@ -457,11 +457,19 @@ def column_function(logits) -> str | None:
     return None
 
 
-class EngineHead(Subject):
+class DeepSpeedSubject(Subject):
+    """A subject whose ranks run DeepSpeed: its comm layer joined, AutoTP's process-global state reset before a case."""
+    framework = "deepspeed"
+    clean_state = CLEAN_STATE
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        setup_deepspeed(ctx)
+        return reset_deepspeed_state()
+
+
+class EngineHead(DeepSpeedSubject):
     """deepspeed.initialize on the user's model, trained by the driver through the engine (EngineUpdate);
     subclasses say how the head is selected and what it must become."""
-    framework = "deepspeed"
-
     axes = COMMON_AXES
 
     def tensor_parallel_config(self, values: dict) -> dict:
@@ -516,7 +524,6 @@ class EngineHead(Subject):
         return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
                                                  f"deepspeed.module_inject.layers.{named}"]}
 
-    clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
@@ -564,10 +571,6 @@ class EngineHead(Subject):
                        and values["backend"] == "liger")
         return (super().requires(values) + engine_dtype_requirements(values)
                 + (["triton_interpreter"] if interpreted else []))
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def records_master_weights(self, values: dict) -> bool:
         # bf16/fp16: DeepSpeed's optimizer keeps a float32 master; with bf16 masters asked for, neither it nor the
@@ -743,19 +746,22 @@ class EngineUpdate:
     (references/trajectory.py trainer_objective) with the engine's 1/GAS off, step() after every
     micro-batch (the engine updates on the accumulation boundary), the step gradient read between the
     boundary's backward and step(). fp16 and autocast-fp16 gradients hold the loss scale, divided back out
-    of the records (a power of two: exact); each step's scale and skip go to rank_decisions."""
+    of the records (a power of two: exact); each step's scale and skip go to rank_decisions. records False: the
+    weights after each step alone (a universal-checkpoint run; parity/checks/resume.py holds its resumed state)."""
 
-    def __init__(self, engine, params: dict, values: dict, masters: bool):
-        self.engine, self.params, self.masters = engine, params, masters
-        self.zero, self.reports_norm = values["zero"], reports_grad_norm(values)
-        self.scaled = loss_scaling.setting(values) is not None
+    def __init__(self, engine, params: dict, values: dict, masters: bool, records: bool = True):
+        self.engine, self.params, self.masters, self.records = engine, params, masters, records
+        self.zero, self.reports_norm = values["zero"], records and reports_grad_norm(values)
+        self.scaled = records and loss_scaling.setting(values) is not None
         # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
-        self.amp_scaler = loss_scaling.autocast_scaler(engine) if values.optional("autocast", None) == "fp16" else None
+        fp16_autocast = records and values.optional("autocast", None) == "fp16"
+        self.amp_scaler = loss_scaling.autocast_scaler(engine) if fp16_autocast else None
         self.scale, self.scales, self.skipped = 1.0, [], []
 
     def start(self, run) -> None:
         self.obs, self.clip = run.obs, run.train.clip > 0 and self.reports_norm
-        record_weights(self.obs, -1, self.params, self.zero)
+        if self.records:
+            record_weights(self.obs, -1, self.params, self.zero)
 
     def begin_step(self, step: int) -> None:
         self.scale = (loss_scaling.current_scale(self.engine) if self.scaled else
@@ -767,7 +773,7 @@ class EngineUpdate:
     def after_micro(self, step: int, micro: int) -> None:
         from deepspeed.utils import safe_get_full_grad
 
-        if self.engine.is_gradient_accumulation_boundary():
+        if self.records and self.engine.is_gradient_accumulation_boundary():
             for name, p in self.params.items():
                 grad = safe_get_full_grad(p)
                 if grad is not None:
@@ -776,7 +782,8 @@ class EngineUpdate:
 
     def end_step(self, step: int) -> None:
         engine = self.engine
-        self.obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+        if self.records:
+            self.obs.facts.setdefault("global_steps", []).append(engine.global_steps)
         if self.scaled:
             self.scales.append(self.scale)
             if loss_scaling.step_overflowed(engine):
@@ -831,10 +838,7 @@ class ColumnGatheredHead(EngineHead):
         ]}}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "LinearLayer", 0, reports_grad_norm=reports_grad_norm(values))
 
 
 class VocabParallelHead(EngineHead):
@@ -864,12 +868,8 @@ class VocabParallelHead(EngineHead):
                     {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
-                                    "loss_function": "VocabParallelCausalLMLoss"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      micro_records={"logits": -1, "loss": None, "head_input_grad": None},
-                      loss_backend=expected_ce_backend(values), reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True,
+                           loss_backend=expected_ce_backend(values), reports_grad_norm=reports_grad_norm(values))
 
     def unavailable_reason(self, values):
         reason = super().unavailable_reason(values)

@@ -13,9 +13,9 @@ import torch
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.plain_sgd import PlainSGD
-from parity.subjects.base import Claims, RankContext, Subject, padding_index
+from parity.subjects.base import Claims, RankContext, padding_index
 from parity.subjects.deepspeed_tied import gemma3_unavailable
-from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
+from parity.subjects.deepspeed_autotp import DeepSpeedSubject, install_tp_groups, setup_deepspeed
 from parity.observe.dtypes import DTYPES
 
 
@@ -31,15 +31,13 @@ def gemma3_scaled(table: torch.nn.Embedding) -> torch.nn.Embedding:
     return scaled.to(table.weight.dtype)
 
 
-class DirectVocabParallelEmbedding(Subject):
-    framework = "deepspeed"
+class DirectVocabParallelEmbedding(DeepSpeedSubject):
     name = "vocab_parallel_embedding"
     feature = "vocab-parallel embedding"
     description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
                    "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")
     axes = {"dtype": ("fp32", "bf16"), "vocab": None, "hidden": None, "gas": None, "tp": None,
             "device": None, "padding": None, "embed_scale": None}
-    clean_state = CLEAN_STATE
 
     def reference(self, values, compute_dtype=None):
         from references.embedding_lookup import train_lookup_reference
@@ -54,10 +52,6 @@ class DirectVocabParallelEmbedding(Subject):
     def claims(self, values):
         return Claims(module_types={"embedding": "VocabParallelEmbedding"}, param_shards={"weight": 0},
                       micro_records={"embedding": None, "loss": None})
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode

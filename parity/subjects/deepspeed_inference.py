@@ -17,10 +17,10 @@ import torch
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject, case_seed
+from parity.subjects.base import NAMED_HEADS, RankContext, case_seed, head_claims
 from parity.subjects.driver import attribute
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, engine_dtype_requirements, reset_deepspeed_state,
-                                             setup_deepspeed)
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, DeepSpeedSubject, engine_dtype_requirements,
+                                             reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
@@ -110,8 +110,7 @@ class GroupMpu:
         return 0
 
 
-class InferenceHead(Subject):
-    framework = "deepspeed"
+class InferenceHead(DeepSpeedSubject):
     name = "inference_head"
     feature = None
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
@@ -156,10 +155,8 @@ class InferenceHead(Subject):
         return dataclasses.replace(super().model_spec(values), head_input=values["head_input"])
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LmHeadLinearAllreduce", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None},
-                      micro_records={"logits": None}, collective_path=expected_all_reduce(values))
+        return head_claims(values["head"], "LmHeadLinearAllreduce", 1, None, micro_records={"logits": None},
+                           collective_path=expected_all_reduce(values))
 
     def reference(self, values, compute_dtype=None):
         """The forward alone: initial weights and the logits of the first micro-batch."""

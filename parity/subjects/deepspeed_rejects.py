@@ -11,11 +11,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import Claims
 from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
-                                              reset_deepspeed_state, setup_deepspeed)
+from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, EngineHead, deepspeed_process_state,
+                                              install_tp_groups, setup_deepspeed)
 from parity.subjects.values import resolve
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
@@ -391,14 +391,12 @@ class _Config(EngineHead):
         raise NotImplementedError
 
 
-class DeepSpeedRejection(Subject):
-    framework = "deepspeed"
+class DeepSpeedRejection(DeepSpeedSubject):
     name = "ds_reject"
     feature = None
     description = ("DeepSpeed's documented error paths: deepspeed.initialize (or the vocabulary-parallel CE) "
                    "with a model or config it must refuse, on every rank alike.")
     axes = {"variant": VARIANTS[1:], "tp": None, "device": None}
-    clean_state = CLEAN_STATE
 
     def claims(self, values):
         return Claims(module_types={}, param_shards={})
@@ -413,10 +411,6 @@ class DeepSpeedRejection(Subject):
 
     def training_spec(self, values):
         return TrainingSpec(steps=1, micro_batches=1)
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def records_state_after_rejection(self, values) -> bool:
         # Every variant: the model (engine variants) or the CE's inputs, and AutoTP's process switches.

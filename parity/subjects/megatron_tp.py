@@ -17,7 +17,7 @@ from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.driver import record_structure
-from parity.subjects.plain_sgd import PlainSGD
+from parity.subjects.plain_sgd import PlainSGDHead
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
 MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -57,7 +57,7 @@ def as_model_head(layer, weight_of=None):
     return layer
 
 
-class MegatronHead(Subject):
+class MegatronHead(PlainSGDHead, Subject):
     """Builds Megatron layers around the reference's weights; the driver trains them with plain SGD."""
 
     axes = MEGATRON_AXES
@@ -68,12 +68,6 @@ class MegatronHead(Subject):
     vocab_parallel_loss = False
     refuses_uneven_vocab = ("Megatron-core shards evenly and asserts tp divides the vocabulary at layer construction "
                             "(cases/megatron.toml: the uneven-vocabulary refusals)")
-
-    def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
-
-    def world_size(self, values):
-        return values["tp"]
 
     def requires(self, values):
         found = super().requires(values)  # capabilities first: megatron_core
