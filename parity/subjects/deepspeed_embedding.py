@@ -14,7 +14,7 @@ from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.plain_sgd import PlainSGD
 from parity.subjects.base import Claims, RankContext, padding_index
-from parity.subjects.deepspeed_tied import gemma3_unavailable
+from parity.subjects.deepspeed_tied import gemma3_embedding, gemma3_unavailable
 from parity.subjects.deepspeed_autotp import DeepSpeedSubject, install_tp_groups, setup_deepspeed
 from parity.observe.dtypes import DTYPES
 
@@ -22,10 +22,7 @@ from parity.observe.dtypes import DTYPES
 def gemma3_scaled(table: torch.nn.Embedding) -> torch.nn.Embedding:
     """The same table as a user's Gemma3 model holds it: HF's class, built in float32 as from_pretrained builds it
     (the buffer sqrt(hidden) in float32), the weights loaded, then cast with the model to the table's dtype."""
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
-
-    vocab, hidden = table.weight.shape
-    scaled = Gemma3TextScaledWordEmbedding(vocab, hidden, table.padding_idx, embed_scale=hidden ** 0.5)
+    scaled = gemma3_embedding(table)
     with torch.no_grad():
         scaled.weight.copy_(table.weight.float())
     return scaled.to(table.weight.dtype)

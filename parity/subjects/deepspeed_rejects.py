@@ -109,36 +109,33 @@ def _seeded(factory):
         return factory()
 
 
-def _embedding_option(**options):
+def _changed(change=None):
+    """A model builder: the tiny LM as the reference builds it, then ``change(model, spec)`` made in place."""
     def build(spec):
         model = build_model(spec, SEED, torch.float32)
-        old = model.embed_tokens
-        new = nn.Embedding(spec.vocab, spec.hidden, **options)
-        new.weight = old.weight  # keeps a tie to the head, if any
-        model.embed_tokens = new
+        if change is not None:
+            change(model, spec)
         return model
     return build
 
 
-def _tied_to_non_embedding(spec):
-    model = build_model(spec, SEED, torch.float32)
-    model.scorer = WeightHolder(model.lm_head.weight)
-    return model
+def _embedding_option(**options):
+    def change(model, spec):
+        new = nn.Embedding(spec.vocab, spec.hidden, **options)
+        new.weight = model.embed_tokens.weight  # keeps a tie to the head, if any
+        model.embed_tokens = new
+    return _changed(change)
 
 
-def _without_loss_function(spec):
-    model = build_model(spec, SEED, torch.float32)
-    del model.loss_function  # an instance attribute in TinyCausalLM: afterwards hasattr() is False
-    return model
+_plain = _changed()
+_tied_to_non_embedding = _changed(lambda model, spec: setattr(model, "scorer", WeightHolder(model.lm_head.weight)))
+# loss_function is an instance attribute in TinyCausalLM: afterwards hasattr() is False
+_without_loss_function = _changed(lambda model, spec: delattr(model, "loss_function"))
 
 
 def _tp_plan_style(style):
-    def build(spec):
-        model = build_model(spec, SEED, torch.float32)
-        # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
-        model._tp_plan = {"lm_head": style}
-        return model
-    return build
+    # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
+    return _changed(lambda model, spec: setattr(model, "_tp_plan", {"lm_head": style}))
 
 
 def _llama_shaped_unnamed(spec):
@@ -154,16 +151,11 @@ def _probe_ids(spec, seed: int = SEED) -> torch.Tensor:
     return torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(seed))
 
 
-def _plain(spec):
-    return build_model(spec, SEED, torch.float32)
-
-
 def _second_head(path: str, tp_plan: bool = False):
     """A second [V, H] output head at ``path`` beside lm_head, as a model with a multi-token-prediction head has
     (``mtp_head``, or the nested ``mtp.lm_head`` of an MTP module holding its own lm_head). tp_plan: the model also
     carries an HF tp_plan for lm_head, so that the engine takes the plan's path."""
-    def build(spec):
-        model = build_model(spec, SEED, torch.float32)
+    def change(model, spec):
         *parents, leaf = path.split(".")
         owner = model
         for part in parents:
@@ -172,8 +164,7 @@ def _second_head(path: str, tp_plan: bool = False):
         owner.add_module(leaf, _seeded(lambda: nn.Linear(spec.hidden, spec.vocab, bias=spec.bias)))
         if tp_plan:
             model._tp_plan = {"lm_head": "colwise_gather_output"}
-        return model
-    return build
+    return _changed(change)
 
 
 @dataclasses.dataclass(frozen=True)

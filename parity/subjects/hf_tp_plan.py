@@ -11,7 +11,7 @@ from importlib.util import find_spec
 
 import torch
 
-from parity.subjects.base import Claims
+from parity.subjects.base import LOCAL_LOGITS, Claims
 from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.loss import causal_lm_loss
@@ -48,22 +48,15 @@ def capture_lm_head_input_and_grad(model, sink: dict) -> None:
     model.lm_head.register_forward_pre_hook(pre_hook)
 
 
-def layer_param_shards() -> dict:
-    shards = {}
+def layer_claims() -> tuple[dict, dict]:
+    """The decoder layers' projections as the model's plan shards them: their classes, their weights' dims."""
+    types, shards = {}, {}
     for layer in range(LAYERS):
-        for name in COLUMN_PARAMS:
-            shards[f"model.layers.{layer}.{name}.weight"] = 0
-        for name in ROW_PARAMS:
-            shards[f"model.layers.{layer}.{name}.weight"] = 1
-    return shards
-
-
-def layer_module_types() -> dict:
-    found = {}
-    for layer in range(LAYERS):
-        found.update({f"model.layers.{layer}.{n}": "LinearLayer" for n in COLUMN_PARAMS})
-        found.update({f"model.layers.{layer}.{n}": "LinearAllreduce" for n in ROW_PARAMS})
-    return found
+        for names, cls, dim in ((COLUMN_PARAMS, "LinearLayer", 0), (ROW_PARAMS, "LinearAllreduce", 1)):
+            for name in names:
+                types[f"model.layers.{layer}.{name}"] = cls
+                shards[f"model.layers.{layer}.{name}.weight"] = dim
+    return types, shards
 
 
 class HFPlanHead(EngineHead):
@@ -143,9 +136,9 @@ class HFPlanColumnHead(HFPlanHead):
         return values["hf_head"]
 
     def claims(self, values):
-        return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding",
-                                    **layer_module_types()},
-                      param_shards={"lm_head.weight": 0, **layer_param_shards()})
+        types, shards = layer_claims()
+        return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding", **types},
+                      param_shards={"lm_head.weight": 0, **shards})
 
 
 class HFPlanRowHead(HFPlanHead):
@@ -159,9 +152,9 @@ class HFPlanRowHead(HFPlanHead):
         return "rowwise"
 
     def claims(self, values):
+        types, shards = layer_claims()
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "model.embed_tokens": "Embedding",
-                                    **layer_module_types()},
-                      param_shards={"lm_head.weight": 1, **layer_param_shards()})
+                                    **types}, param_shards={"lm_head.weight": 1, **shards})
 
 
 TIED = (("lm_head.weight", "model.embed_tokens.weight"),)
@@ -192,13 +185,11 @@ class HFPlanTiedHead(HFPlanHead):
         return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
 
     def claims(self, values):
-        layers = {"module_types": layer_module_types(), "param_shards": layer_param_shards()}
+        types, shards = layer_claims()
         if self.vocab_parallel(values):
             return Claims(module_types={"lm_head": "VocabParallelLinear", "model.embed_tokens": "VocabParallelEmbedding",
-                                        "loss_function": "VocabParallelCausalLMLoss", **layers["module_types"]},
-                          param_shards={"model.embed_tokens.weight": 0, **layers["param_shards"]},
-                          micro_records={"logits": -1, "loss": None, "head_input_grad": None},
+                                        "loss_function": "VocabParallelCausalLMLoss", **types},
+                          param_shards={"model.embed_tokens.weight": 0, **shards}, micro_records=dict(LOCAL_LOGITS),
                           loss_backend="torch", shared_params=TIED)
-        return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **layers["module_types"]},
-                      param_shards={"model.embed_tokens.weight": None, **layers["param_shards"]},
-                      shared_params=TIED)
+        return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **types},
+                      param_shards={"model.embed_tokens.weight": None, **shards}, shared_params=TIED)
