@@ -393,18 +393,22 @@ def use_default_specs(values: dict) -> dict:
             "true": {"use_default_specs": True}}[values.optional("use_default_specs", "false")]
 
 
-def BF16_SWITCHES(values: dict) -> dict:
-    """The bf16 section's switches the case's axes set away from DeepSpeed's defaults (nothing at the defaults,
-    so every other bf16 case hands DeepSpeed the config it always did)."""
-    found = {}
-    if values.optional("immediate_grad", False):
-        found["immediate_grad_update"] = True
-    if not values.optional("overflow_check", True):
-        found["check_grad_overflow"] = False
-    if values.optional("bf16_master", False):
-        # bf16_optimizer_states requires the masters in bf16; the masters alone need ZeRO-Offload + DeepSpeedCPUAdam.
-        found.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
-    return found
+# The bf16 section's switch axes: axis -> (its value away from DeepSpeed's default, the bf16 config keys it sets,
+# what DeepSpeed must then decide on every rank). bf16_optimizer_states requires the masters in bf16; the masters
+# alone need ZeRO-Offload + DeepSpeedCPUAdam.
+BF16_SWITCH_AXES = {
+    "immediate_grad": (True, {"immediate_grad_update": True}, {"immediate_grad_update": True, "grad_acc_hooks": True}),
+    "overflow_check": (False, {"check_grad_overflow": False}, {"check_grad_overflow": False}),
+    "bf16_master": (True, {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+                    {"master_dtype": "torch.bfloat16"}),
+}
+
+
+def bf16_switches(values: dict, part: int) -> dict:
+    """The switches the case's axes set away from DeepSpeed's defaults (part 1: their config keys, 2: the decisions
+    they must make); nothing at the defaults, so every other bf16 case hands DeepSpeed the config it always did."""
+    return {key: setting for axis, entry in BF16_SWITCH_AXES.items() if values.optional(axis, not entry[0]) == entry[0]
+            for key, setting in entry[part].items()}
 
 
 def clip_left_out(values: dict) -> bool:
@@ -423,13 +427,7 @@ def switch_decisions(values: dict) -> dict:
         # replaces ColumnParallel's identity-forward / all-reduce-backward pair.
         found["tp_overlap_comm"] = overlap
         found["column_function"] = "AsyncColumnParallel" if overlap else "ColumnParallel"
-    if values.optional("immediate_grad", False):
-        found["immediate_grad_update"] = True
-        found["grad_acc_hooks"] = True
-    if not values.optional("overflow_check", True):
-        found["check_grad_overflow"] = False
-    if values.optional("bf16_master", False):
-        found["master_dtype"] = "torch.bfloat16"
+    found.update(bf16_switches(values, 2))
     if values.optional("keep_on_host", False):
         # The switch reached the layer class, and the engine still trains the head on the case's device.
         found["keep_module_on_host"] = True
@@ -506,7 +504,7 @@ class EngineHead(DeepSpeedSubject):
                 # Without it save_16bit_model writes nothing under ZeRO 3 (it says so in the log and returns False).
                 cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if values["dtype"] == "bf16":
-            cfg["bf16"] = {"enabled": True, **BF16_SWITCHES(values)}
+            cfg["bf16"] = {"enabled": True, **bf16_switches(values, 1)}
         elif values["dtype"] == "fp16":
             cfg["fp16"] = loss_scaling.fp16_section(values)
         return cfg
