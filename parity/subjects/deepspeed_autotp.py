@@ -350,6 +350,17 @@ def record_loss_backend(log: list):
         ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
 
 
+def backend_per_micro(log: list, backends: dict):
+    """A driver micro_context: the CE backends record_loss_backend logged in each micro-batch, into
+    backends[(step, micro)]."""
+    @contextlib.contextmanager
+    def backend_of(step, micro):
+        before = len(log)
+        yield
+        backends[(step, micro)] = log[before:]
+    return backend_of
+
+
 class _TritonClaimingAccelerator:
     """The CPU accelerator, answering the Liger gate's two questions as a CUDA accelerator does."""
 
@@ -713,13 +724,7 @@ class EngineHead(DeepSpeedSubject):
                 captured = {}
                 self.capture_head_input(model, captured)
                 exclude_engine_reduction(engine)
-                backends = obs.facts["loss_backend"] = {}
-
-                @contextlib.contextmanager
-                def backend_of(step, micro):
-                    before = len(backend_log)
-                    yield
-                    backends[(step, micro)] = backend_log[before:]
+                obs.facts["loss_backend"] = {}
 
                 def first_column_function(step, micro, loss, logits):
                     if step == 0 and micro == 0:
@@ -729,7 +734,8 @@ class EngineHead(DeepSpeedSubject):
                                         EngineUpdate(engine, dict(model.named_parameters()), values,
                                                      self.records_master_weights(values)),
                                         driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
-                                        captured=captured, record_collectives=True, micro_context=backend_of,
+                                        captured=captured, record_collectives=True,
+                                        micro_context=backend_per_micro(backend_log, obs.facts["loss_backend"]),
                                         after_forward=first_column_function, outputs_after_backward=False))
                 obs.facts.setdefault("collectives", {})
                 if values.optional("save", "none") != "none":

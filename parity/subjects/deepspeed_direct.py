@@ -5,14 +5,13 @@ driver with plain SGD and recorded as the engine subjects are. Details: docs/sub
 """
 from __future__ import annotations
 
-import contextlib
-
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.base import NAMED_HEADS, RankContext, head_claims
 from parity.subjects.driver import record_structure
 from parity.subjects.plain_sgd import PlainSGDHead
-from parity.subjects.deepspeed_autotp import DeepSpeedSubject, install_tp_groups, record_loss_backend, setup_deepspeed
+from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, backend_per_micro, install_tp_groups, record_loss_backend,
+                                              setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
@@ -54,19 +53,12 @@ class DirectHead(PlainSGDHead, DeepSpeedSubject):
         captured: dict = {}
         capture_head_input_and_grad(model, captured)
         backend_log: list = []
-        backends = {}
-
-        @contextlib.contextmanager
-        def backend_of(step, micro):
-            before = len(backend_log)
-            yield
-            backends[(step, micro)] = backend_log[before:]
-
+        backends: dict = {}
         with record_loss_backend(backend_log):
             driver.train(driver.Run(obs, train, lambda batch, n: model(**batch, num_items_in_batch=n),
                                     driver.PlainUpdate.sgd(model, dtype, train.lr),
                                     driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
-                                    captured=captured, micro_context=backend_of))
+                                    captured=captured, micro_context=backend_per_micro(backend_log, backends)))
         if ds_loss:
             obs.facts["loss_backend"] = backends
         return obs
