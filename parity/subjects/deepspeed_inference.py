@@ -19,6 +19,7 @@ from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.subjects.base import NAMED_HEADS, RankContext, case_seed, head_claims
 from parity.subjects.driver import attribute
+from parity.subjects.loss_only import tp_group
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, DeepSpeedSubject, engine_dtype_requirements,
                                              reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
@@ -73,15 +74,6 @@ def shm_op(ctx: RankContext):
                 os.environ["LOCAL_SIZE"] = saved
         state["shm_op"] = (op, op.vector_kernel_level())
     return state["shm_op"]
-
-
-def inference_group(ctx: RankContext, tp: int):
-    """InferenceEngine makes its TP group once per process, ``new_group(range(tp_size))``, and caches it
-    on the class (``InferenceEngine.inference_mp_group``) for every later engine whatever its tp_size.
-    One plain group per TP size is made here and installed before each case instead."""
-    from parity.subjects.loss_only import tp_group
-
-    return tp_group(ctx, tp)
 
 
 class GroupMpu:
@@ -200,7 +192,8 @@ class InferenceHead(DeepSpeedSubject):
         prior = values["prior_tp"]
         # A fresh process beyond tp's ranks: DeepSpeed's own new_group(range(tp_size)) is the behaviour under test.
         fresh = values["dp"] > 1
-        InferenceEngine.inference_mp_group = None if fresh else inference_group(ctx, prior or tp)
+        # The group InferenceEngine caches on its class for every later engine: one per TP size, installed per case.
+        InferenceEngine.inference_mp_group = None if fresh else tp_group(ctx, prior or tp)
         if prior:
             # The user's first engine, on a model of its own; it finds (and keeps) the group of all its ranks.
             first = build_model(spec, train.seed + 1, dtype).to(ctx.device)
