@@ -11,7 +11,7 @@ from importlib.util import find_spec
 
 import torch
 
-from parity.subjects.base import LOCAL_LOGITS, Claims
+from parity.subjects.base import LOCAL_LOGITS, Claims, projection_claims
 from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.loss import causal_lm_loss
@@ -22,9 +22,6 @@ HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ig
            "gas": None, "tp": (2,), "device": None}
 HIDDEN, INTERMEDIATE, HEADS, LAYERS = 32, 64, 2, 1
 INIT_STD = 0.1  # HF's default 0.02 gives near-uniform softmaxes; 0.1 keeps every check away from zero
-
-COLUMN_PARAMS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-ROW_PARAMS = ("self_attn.o_proj", "mlp.down_proj")
 
 
 def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
@@ -46,17 +43,6 @@ def capture_lm_head_input_and_grad(model, sink: dict) -> None:
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
 
     model.lm_head.register_forward_pre_hook(pre_hook)
-
-
-def layer_claims() -> tuple[dict, dict]:
-    """The decoder layers' projections as the model's plan shards them: their classes, their weights' dims."""
-    types, shards = {}, {}
-    for layer in range(LAYERS):
-        for names, cls, dim in ((COLUMN_PARAMS, "LinearLayer", 0), (ROW_PARAMS, "LinearAllreduce", 1)):
-            for name in names:
-                types[f"model.layers.{layer}.{name}"] = cls
-                shards[f"model.layers.{layer}.{name}.weight"] = dim
-    return types, shards
 
 
 class HFPlanHead(EngineHead):
@@ -136,7 +122,7 @@ class HFPlanColumnHead(HFPlanHead):
         return values["hf_head"]
 
     def claims(self, values):
-        types, shards = layer_claims()
+        types, shards = projection_claims("model.layers", LAYERS)
         return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding", **types},
                       param_shards={"lm_head.weight": 0, **shards})
 
@@ -152,7 +138,7 @@ class HFPlanRowHead(HFPlanHead):
         return "rowwise"
 
     def claims(self, values):
-        types, shards = layer_claims()
+        types, shards = projection_claims("model.layers", LAYERS)
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "model.embed_tokens": "Embedding",
                                     **types}, param_shards={"lm_head.weight": 1, **shards})
 
@@ -185,7 +171,7 @@ class HFPlanTiedHead(HFPlanHead):
         return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
 
     def claims(self, values):
-        types, shards = layer_claims()
+        types, shards = projection_claims("model.layers", LAYERS)
         if self.vocab_parallel(values):
             return Claims(module_types={"lm_head": "VocabParallelLinear", "model.embed_tokens": "VocabParallelEmbedding",
                                         "loss_function": "VocabParallelCausalLMLoss", **types},
