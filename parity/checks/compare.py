@@ -666,10 +666,7 @@ class Comparison:
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
         if self.train.comm_dtype is not None:
-            # A compressed gradient reduction is a further stage even over one replica: DeepSpeed's allreduce_bucket
-            # casts to communication_data_type on a DP group of one, as DDP's bf16_compress_hook does at world size
-            # one (parity explore --seed 1, a019b6a: this check read the bf16 rounding as a 3e-5 miss at dp 1).
-            return
+            return  # a compressed gradient reduction is a further stage (docs/tolerances.md#stage-local-oracles)
 
         bias_name = self.head_bias_name(weight_name)
         noisy_samples: dict = {}
@@ -677,7 +674,7 @@ class Comparison:
         def noisy_grads(items, xs, seed):
             """One rounding sample of the step's (weight, bias) gradient, taken once per case for its
             inputs: a weight and its bias miss together, and TP ranks of a vocabulary-parallel head
-            hold the same head input (on a 76-case selection, 560 samples were 120 distinct)."""
+            hold the same head input (docs/tolerances.md#stage-local-oracles)."""
             key = (tuple(i for _, i in items), seed, tuple((x.shape, x.dtype.str, x.tobytes()) for x in xs))
             if key not in noisy_samples:
                 dzs = noisy_dz(seed)
@@ -939,12 +936,9 @@ class Comparison:
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         want = prev - lr * grad
-        # An empty shard (a row head's hidden 2 over 3 ranks gives 1,1,0) holds the identity vacuously,
-        # as the other checks treat empty arrays (found by parity explore: the reduction raised).
+        # An empty shard holds the identity vacuously; the scale is the larger weight, before or after the update
+        # (docs/tolerances.md#the-sgd-identity).
         measured = float(np.max(np.abs(new - want))) if new.size else 0.0
-        # The master weight's half unit is of the weight before the update, the cast back's of the one
-        # after: scale by the larger (weights that shrink in a step made a bound of |new| too tight,
-        # found by parity explore --seed 2 on a 2-row embedding).
         scale = float(max(np.max(np.abs(new)), np.max(np.abs(prev)))) if new.size else 0.0
         update = float(np.max(np.abs(lr * grad))) if new.size else 0.0
         bound = sgd_identity_bound(self.dtype, scale, clipped, update, coefficient_error)
