@@ -807,11 +807,11 @@ class EngineUpdate:
             record_master_weights(self.obs, step, engine, self.params, self.zero)
 
     def finish(self) -> None:
-        decisions = self.obs.facts["rank_decisions"]
         if self.scaled:
-            decisions.update(loss_scales=self.scales, skipped=self.skipped, skipped_steps=int(self.engine.skipped_steps))
+            self.obs.facts["rank_decisions"].update(loss_scales=self.scales, skipped=self.skipped,
+                                                    skipped_steps=int(self.engine.skipped_steps))
         elif self.amp_scaler is not None:
-            decisions.update(loss_scales=self.scales, skipped=self.skipped)
+            self.obs.facts["rank_decisions"].update(loss_scales=self.scales, skipped=self.skipped)
 
 
 # The pad id the engine subjects' model may pass: 0 is the one case of the installed loss dropping it; 3 (the loss-only
