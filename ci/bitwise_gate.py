@@ -4,7 +4,7 @@ results.jsonl, its row count and its verdict counts. Two checkouts whose refacto
 Selection: every 6th id of `parity list` (default matrix), plus the first case of each subject that list misses.
 The checkout run is the one holding this file (its root goes first on PYTHONPATH), whatever --python is.
 
-    python ci/bitwise_gate.py REPORT_DIR [--python PY] [--jobs N]
+    python ci/bitwise_gate.py REPORT_DIR [--python PY] [--jobs N] [--extensions-dir DIR]
 """
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parity(python: str, *args: str, **kw) -> subprocess.CompletedProcess:
+def parity(python: str, *args: str, extensions: str | None = None, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if extensions:
+        env["TORCH_EXTENSIONS_DIR"] = extensions
     return subprocess.run([python, "-m", "parity.cli", *args], cwd=ROOT, env=env, text=True, **kw)
 
 
@@ -44,11 +47,14 @@ def main(argv=None) -> int:
     ap.add_argument("report_dir")
     ap.add_argument("--python", default=sys.executable, help="interpreter with the suite's dependencies")
     ap.add_argument("--jobs", "-j", default="2")
+    # JIT-built ops (DeepSpeed's shm op) in a cache only gate runs share: a rank waiting on another process's
+    # rebuild of the shared cache would time its case out in one run and not the other.
+    ap.add_argument("--extensions-dir", default=os.path.join(tempfile.gettempdir(), "parity-gate-torch-extensions"))
     args = ap.parse_args(argv)
     ids = selection(args.python)
     print(f"selection: {len(ids)} cases", flush=True)
     run = parity(args.python, "run", "--report", args.report_dir, "-j", args.jobs,
-                 *[a for i in ids for a in ("--case", i)])
+                 *[a for i in ids for a in ("--case", i)], extensions=args.extensions_dir)
     results = Path(args.report_dir) / "results.jsonl"
     data = results.read_bytes()
     verdicts = collections.Counter(c["verdict"] for c in json.loads((Path(args.report_dir) / "summary.json")
