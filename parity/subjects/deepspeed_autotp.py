@@ -754,7 +754,8 @@ class EngineUpdate:
     weights after each step alone (a universal-checkpoint run; parity/checks/resume.py holds its resumed state)."""
 
     def __init__(self, engine, params: dict, values: dict, masters: bool, records: bool = True):
-        self.engine, self.params, self.masters, self.records = engine, params, masters, records
+        self.engine, self.weights, self.masters, self.records = engine, params, masters, records
+        self.params = params if records else None  # what driver.record_params records the structure of
         self.zero, self.reports_norm = values["zero"], records and reports_grad_norm(values)
         self.scaled = records and loss_scaling.setting(values) is not None
         # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
@@ -765,7 +766,7 @@ class EngineUpdate:
     def start(self, run) -> None:
         self.obs, self.clip = run.obs, run.train.clip > 0 and self.reports_norm
         if self.records:
-            record_weights(self.obs, -1, self.params, self.zero)
+            record_weights(self.obs, -1, self.weights, self.zero)
 
     def begin_step(self, step: int) -> None:
         self.scale = (loss_scaling.current_scale(self.engine) if self.scaled else
@@ -778,7 +779,7 @@ class EngineUpdate:
         from deepspeed.utils import safe_get_full_grad
 
         if self.records and self.engine.is_gradient_accumulation_boundary():
-            for name, p in self.params.items():
+            for name, p in self.weights.items():
                 grad = safe_get_full_grad(p)
                 if grad is not None:
                     self.obs.record("grad", step, None, name, grad, unscale=self.scale)
@@ -802,9 +803,9 @@ class EngineUpdate:
         if self.clip:
             norm = engine.get_global_grad_norm()
             self.obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
-        record_weights(self.obs, step, self.params, self.zero)
+        record_weights(self.obs, step, self.weights, self.zero)
         if self.masters:
-            record_master_weights(self.obs, step, engine, self.params, self.zero)
+            record_master_weights(self.obs, step, engine, self.weights, self.zero)
 
     def finish(self) -> None:
         if self.scaled:
