@@ -428,21 +428,33 @@ class Comparison:
             self.add("collectives", not diff, step=step, micro=micro, rank=rank,
                      detail=f"issued {got}" if not diff else f"differs: {diff}; issued {got}, declared {want}")
 
-    def _param_view(self, name, array, rank, which: Trajectory):
+    def _param_view(self, name, array, rank):
+        """``rank``'s shard of ``array``, a whole parameter (or its gradient) of the reference's shape."""
         dim = self.claims.param_shards.get(name)
         if dim is not None and name in self.claims.param_layout:
             ranges = self.claims.param_layout[name][self.obs[rank].tp_rank]
             return np.concatenate([np.take(array, np.arange(a, b), axis=dim) for a, b in ranges], axis=dim)
-        full = which.get("weight", -1, None, None, name)
-        total = full.shape[dim] if dim is not None else 0
+        total = self.reference.get("weight", -1, None, None, name).shape[dim] if dim is not None else 0
         return _take(array, dim, total, self.tp, self.obs[rank].tp_rank, self.grain, self.split)
+
+    def _record_view(self, which: Trajectory, kind, step, name, rank):
+        """``rank``'s shard of a per-parameter record (weight, grad, master_weight) of ``which``."""
+        return self._param_view(name, which.get(kind, step, None, None, name).numpy(), rank)
+
+    def initial_names(self) -> list:
+        """The reference's parameters, by their initial weights."""
+        return [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]
+
+    def group_blocks(self, kind, step, micro, name, dp) -> list:
+        """One record of the TP group of data-parallel index ``dp``, each rank's, in TP order (None: not recorded)."""
+        return [b for _, b in sorted((o.tp_rank, o.get(kind, step, micro, name))
+                                     for o in self.obs.values() if o.dp_rank == dp)]
 
     def check_initial_weights(self) -> None:
         # No arithmetic separates a shard from the reference's slice: demand equality.
         for rank, o in sorted(self.obs.items()):
-            for name in [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]:
-                want = self._param_view(name, self.reference.get("weight", -1, None, None, name).numpy(),
-                                        rank, self.reference)
+            for name in self.initial_names():
+                want = self._record_view(self.reference, "weight", -1, name, rank)
                 self.exact(f"initial_weight[{name}]", o.get("weight", -1, None, name), want, rank=rank)
 
     def check_micro(self, step: int, micro: int) -> None:
@@ -475,8 +487,7 @@ class Comparison:
     def assembled(self, kind, step, micro, dp):
         """A micro-batch record of one TP group, whole: a rank's own copy, or the blocks concatenated."""
         dim = self.claims.micro_records.get(kind)
-        group = sorted((o.tp_rank, o.get(kind, step, micro, None)) for o in self.obs.values() if o.dp_rank == dp)
-        blocks = [b for _, b in group]
+        blocks = self.group_blocks(kind, step, micro, None, dp)
         if not blocks or any(b is None for b in blocks):
             return None
         if dim is None:
@@ -489,7 +500,7 @@ class Comparison:
     def head_weight_name(self) -> str | None:
         """The head's weight among the reference's parameters: ``<head>.weight``, or the embedding it is tied to."""
         spec = self.subject.model_spec(self.values)
-        names = [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]
+        names = self.initial_names()
         found = [n for n in names if n == f"{spec.head_name}.weight" or n.endswith(f".{spec.head_name}.weight")]
         if not found and spec.tied:
             found = [n for n in names if n.endswith("embed_tokens.weight")]
@@ -498,8 +509,7 @@ class Comparison:
     def assembled_weight(self, name, step, dp):
         """A parameter after update ``step`` (-1: initial) as the TP group holds it, whole."""
         dim = self.claims.param_shards.get(name)
-        group = sorted((o.tp_rank, o.get("weight", step, None, name)) for o in self.obs.values() if o.dp_rank == dp)
-        blocks = [b for _, b in group]
+        blocks = self.group_blocks("weight", step, None, name, dp)
         if not blocks or any(b is None for b in blocks):
             return None
         return blocks[0] if dim is None else np.concatenate(blocks, axis=dim)
@@ -598,7 +608,7 @@ class Comparison:
     def head_bias_name(self, weight_name: str) -> str | None:
         """The head's own bias: beside its weight, or under the head's name when the weight is a tied embedding's."""
         head = self.subject.model_spec(self.values).head_name
-        names = [k[4] for k in self.reference.records if k[0] == "weight" and k[1] == -1]
+        names = self.initial_names()
         for name in (weight_name[:-len("weight")] + "bias", f"{head}.bias"):
             found = [n for n in names if n == name or n.endswith(f".{name}")]
             if len(found) == 1:
@@ -664,10 +674,7 @@ class Comparison:
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
         if self.train.comm_dtype is not None:
-            # A compressed gradient reduction is a further stage even over one replica: DeepSpeed's allreduce_bucket
-            # casts to communication_data_type on a DP group of one, as DDP's bf16_compress_hook does at world size
-            # one (parity explore --seed 1, a019b6a: this check read the bf16 rounding as a 3e-5 miss at dp 1).
-            return
+            return  # a compressed gradient reduction is a further stage (docs/tolerances.md#stage-local-oracles)
 
         bias_name = self.head_bias_name(weight_name)
         noisy_samples: dict = {}
@@ -675,7 +682,7 @@ class Comparison:
         def noisy_grads(items, xs, seed):
             """One rounding sample of the step's (weight, bias) gradient, taken once per case for its
             inputs: a weight and its bias miss together, and TP ranks of a vocabulary-parallel head
-            hold the same head input (on a 76-case selection, 560 samples were 120 distinct)."""
+            hold the same head input (docs/tolerances.md#stage-local-oracles)."""
             key = (tuple(i for _, i in items), seed, tuple((x.shape, x.dtype.str, x.tobytes()) for x in xs))
             if key not in noisy_samples:
                 dzs = noisy_dz(seed)
@@ -707,8 +714,8 @@ class Comparison:
                                                                   (bias_name, ref_b, orc_b, shared_b))):
                     if name is None:
                         continue
-                    orc_view = self._param_view(name, orc, rank, self.reference)
-                    shared_view = self._param_view(name, shared, rank, self.reference)
+                    orc_view = self._param_view(name, orc, rank)
+                    shared_view = self._param_view(name, shared, rank)
 
                     # The stage's own rounding samples (the CE stage and this sum rerun with every rounding
                     # moved by up to a unit), for a small or cancelling tensor that misses (judge_close;
@@ -717,11 +724,11 @@ class Comparison:
                         errors = []
                         for seed in range(ROUNDING_SAMPLES):
                             noisy = noisy_grads(items, xs, seed)[index]
-                            errors.append(np.abs(self._param_view(name, noisy, rank, self.reference) - orc_view))
+                            errors.append(np.abs(self._param_view(name, noisy, rank) - orc_view))
                         return np.stack(errors)
-                    got, ref_view = o.get("grad", step, None, name), self._param_view(name, ref, rank, self.reference)
+                    got, ref_view = o.get("grad", step, None, name), self._param_view(name, ref, rank)
                     if index == 0 and weight_rows is not None:
-                        keep = self._param_view(name, weight_rows[step], rank, self.reference)
+                        keep = self._param_view(name, weight_rows[step], rank)
                         if got is None or got.shape != orc_view.shape or not keep.any():
                             continue  # the end-to-end grad check judges a missing or misshapen one
                         got, ref_view, orc_view = got[keep], ref_view[keep], orc_view[keep]
@@ -735,8 +742,7 @@ class Comparison:
 
     def check_assembled(self, kind, dim, step, micro, dp) -> None:
         """Concatenate the TP group's blocks in rank order: the harness, not the subject, assembles."""
-        group = sorted((o.tp_rank, o.get(kind, step, micro, None)) for o in self.obs.values() if o.dp_rank == dp)
-        blocks = [b for _, b in group]
+        blocks = self.group_blocks(kind, step, micro, None, dp)
         if any(b is None for b in blocks) or len(blocks) != self.tp:
             self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail="missing rank blocks")
             return
@@ -786,14 +792,12 @@ class Comparison:
         coefficient_error = clip_coefficient_error(self.claims.reports_grad_norm, observed[1]) if observed else 0.0
         for rank, o in sorted(self.obs.items()):
             for name in names:
-                ref_g = self._param_view(name, self.reference.get("grad", step, None, None, name).numpy(), rank,
-                                         self.reference)
-                orc_g = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
-                                         self.reference)
+                ref_g = self._record_view(self.reference, "grad", step, name, rank)
+                orc_g = self._record_view(self.oracle, "grad", step, name, rank)
                 got_g = o.get("grad", step, None, name)
 
                 def view(a, name=name, rank=rank):
-                    return self._param_view(name, a, rank, self.reference)
+                    return self._param_view(name, a, rank)
                 self.close(f"grad[{name}]", got_g, ref_g, orc_g,
                            sampled=self.sampled_error("grad", step, None, None, name, view), kind="grad", step=step,
                            rank=rank)
@@ -810,10 +814,8 @@ class Comparison:
                              detail=("gradient all zeros, within its bound of the oracle's" if unresolved else
                                      f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "
                                      f"oracle's {'nonzero' if oracle_moves else 'all zeros'}"))
-                ref_w = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
-                                         self.reference)
-                orc_w = self._param_view(name, self.oracle.get("weight", step, None, None, name).numpy(), rank,
-                                         self.reference)
+                ref_w = self._record_view(self.reference, "weight", step, name, rank)
+                orc_w = self._record_view(self.oracle, "weight", step, name, rank)
                 got_w = o.get("weight", step, None, name)
                 self.close(f"weight[{name}]", got_w, ref_w, orc_w,
                            sampled=self.sampled_error("weight", step, None, None, name, view), kind="weight",
@@ -838,10 +840,8 @@ class Comparison:
         crossing of the float32 master, or by the master itself moving
         (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
         moved = bool((got_w != prev).any())
-        ref_now = self._param_view(name, self.reference.get("weight", step, None, None, name).numpy(), rank,
-                                   self.reference)
-        ref_before = self._param_view(name, self.reference.get("weight", step - 1, None, None, name).numpy(),
-                                      rank, self.reference)
+        ref_now = self._record_view(self.reference, "weight", step, name, rank)
+        ref_before = self._record_view(self.reference, "weight", step - 1, name, rank)
         if not oracle_moves:
             self.add(f"weight_changed[{name}]", not moved, step=step, rank=rank,
                      detail="weight moved on a step with no gradient")
@@ -855,8 +855,7 @@ class Comparison:
             if same_shape and after is not None and after.shape == ref_now.shape:
                 # moves the reference's way on the next step and catches up with it there: a weight that
                 # skipped this step's update (one update behind from then on) does not
-                ref_next = self._param_view(name, self.reference.get("weight", step + 1, None, None, name).numpy(),
-                                            rank, self.reference)
+                ref_next = self._record_view(self.reference, "weight", step + 1, name, rank)
                 late = bool(np.any((np.sign(after - got_w) == np.sign(ref_now - ref_before)) & (after == ref_next)
                                    & ref_moved))
             crossing = early or late or (after is None and self.only_crossings(name, ref_moved, step, rank))
@@ -887,8 +886,7 @@ class Comparison:
         def ref(kind, at):
             if at < 0:
                 kind = "weight"  # the master starts as the initial weight
-            return self._param_view(name, self.reference.get(kind, at, None, None, name).numpy(), rank,
-                                    self.reference)
+            return self._record_view(self.reference, kind, at, name, rank)
         master_step = np.abs(ref("master_weight", step) - ref("master_weight", step - 1))
         weight_step = np.abs(ref("weight", step) - ref("weight", step - 1))
         return bool(np.all((master_step < weight_step)[ref_moved]))
@@ -920,8 +918,7 @@ class Comparison:
                 if o.dp_rank != dp0 or (self.claims.param_shards.get(name) is None and o.tp_rank != 0):
                     continue
                 got = o.get("grad", step, None, name)
-                want = self._param_view(name, self.oracle.get("grad", step, None, None, name).numpy(), rank,
-                                        self.reference)
+                want = self._record_view(self.oracle, "grad", step, name, rank)
                 if got is None or got.shape != want.shape:
                     return None
                 squares += float(np.sum(np.square(got.astype(np.float64))))
@@ -947,12 +944,9 @@ class Comparison:
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         want = prev - lr * grad
-        # An empty shard (a row head's hidden 2 over 3 ranks gives 1,1,0) holds the identity vacuously,
-        # as the other checks treat empty arrays (found by parity explore: the reduction raised).
+        # An empty shard holds the identity vacuously; the scale is the larger weight, before or after the update
+        # (docs/tolerances.md#the-sgd-identity).
         measured = float(np.max(np.abs(new - want))) if new.size else 0.0
-        # The master weight's half unit is of the weight before the update, the cast back's of the one
-        # after: scale by the larger (weights that shrink in a step made a bound of |new| too tight,
-        # found by parity explore --seed 2 on a 2-row embedding).
         scale = float(max(np.max(np.abs(new)), np.max(np.abs(prev)))) if new.size else 0.0
         update = float(np.max(np.abs(lr * grad))) if new.size else 0.0
         bound = sgd_identity_bound(self.dtype, scale, clipped, update, coefficient_error)

@@ -24,12 +24,9 @@ def master_weight_checks(comparison) -> list[dict]:
         names = [k[4] for k in ref_traj.records if k[0] == "master_weight" and k[1] == step]
         for rank, o in sorted(comparison.obs.items()):
             for name in names:
-                ref = comparison._param_view(name, ref_traj.get("master_weight", step, None, None, name).numpy(),
-                                             rank, ref_traj)
-                orc = comparison._param_view(name, oracle.get(exact, step, None, None, name).numpy(), rank,
-                                             ref_traj)
-                start = comparison._param_view(name, oracle.get(exact, -1, None, None, name).numpy(), rank,
-                                               ref_traj)
+                ref = comparison._record_view(ref_traj, "master_weight", step, name, rank)
+                orc = comparison._record_view(oracle, exact, step, name, rank)
+                start = comparison._record_view(oracle, exact, -1, name, rank)
                 got = o.get("master_weight", step, None, name)
                 where = {"name": f"master_weight[{name}]", "step": step, "rank": rank}
                 if got is None and orc.size == 0:
@@ -49,7 +46,7 @@ def master_weight_checks(comparison) -> list[dict]:
                 if measured > bound.value:  # the samples can only widen a bound: taken on a miss alone
                     sampled = comparison.sampled_error(
                         "master_weight", step, None, None, name,
-                        lambda a, name=name, rank=rank: comparison._param_view(name, a, rank, ref_traj))()
+                        lambda a, name=name, rank=rank: comparison._param_view(name, a, rank))()
                     if sampled is not None and sampled.shape[1:] == got.shape and sampled.size:
                         wider = master_weight_sampled_bound(floor, bound, float(np.max(sampled)), movement)
                         if wider is not None:

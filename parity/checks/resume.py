@@ -39,7 +39,7 @@ def resume_checks(comparison) -> list[dict]:
     found = []
     from parity.subjects.deepspeed_universal import SAVED_AFTER, STATES
 
-    names = [k[4] for k in comparison.reference.records if k[0] == "weight" and k[1] == -1]
+    names = comparison.initial_names()
     for rank, o in sorted(comparison.obs.items()):
         resumed = o.facts.get("resumed")
         if resumed is None:
@@ -98,12 +98,12 @@ def check_trained_on(comparison) -> None:
     if "save_tp" not in comparison.values:
         return
     ref, orc = comparison.reference, comparison.oracle
-    names = [k[4] for k in ref.records if k[0] == "weight" and k[1] == -1]
+    names = comparison.initial_names()
     for rank, o in sorted(comparison.obs.items()):
         for step in range(SAVED_AFTER - 1, comparison.train.steps):
             for name in names:
                 def view(a, name=name, rank=rank):
-                    return comparison._param_view(name, a, rank, ref)
+                    return comparison._param_view(name, a, rank)
                 comparison.close(f"weight[{name}]", o.get("weight", step, None, name),
                                  view(ref.get("weight", step, None, None, name).numpy()),
                                  view(orc.get("weight", step, None, None, name).numpy()),

@@ -71,6 +71,40 @@ class Claims:
     logits_from_head: bool = True
 
 
+# The micro-batch records of a head whose logits stay vocabulary-sharded: each rank its block along the last dim.
+LOCAL_LOGITS = {"logits": -1, "loss": None, "head_input_grad": None}
+
+
+def head_claims(head: str, module: str, weight_dim, bias_dim=0, vocab_loss: bool = False, blocks=({}, {}),
+                **more) -> Claims:
+    """The tiny LM's claims where the head at ``head`` became ``module``: its weight sharded along ``weight_dim``,
+    its bias along ``bias_dim`` (None: replicated). vocab_loss: VocabParallelCausalLMLoss is model.loss_function
+    and the logits stay sharded. blocks: further (module_types, param_shards), the blocks' projections."""
+    modules = {head: module, "proj": "Linear", "embed_tokens": "Embedding"}
+    if vocab_loss:
+        modules["loss_function"] = "VocabParallelCausalLMLoss"
+        more.setdefault("micro_records", dict(LOCAL_LOGITS))
+    return Claims(module_types={**modules, **blocks[0]},
+                  param_shards={f"{head}.weight": weight_dim, f"{head}.bias": bias_dim, **blocks[1]}, **more)
+
+
+# A Llama block's projections as AutoTP shards them: q/k/v and gate/up column (LinearLayer, weight cut on dim 0),
+# o_proj and down_proj row (LinearAllreduce, cut on dim 1).
+COLUMN_PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW_PROJ = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def projection_claims(prefix: str, blocks: int) -> tuple[dict, dict]:
+    """(module_types, param_shards) of ``blocks`` Llama blocks under ``prefix`` (``layers``, ``model.layers``)."""
+    types, shards = {}, {}
+    for i in range(blocks):
+        for names, cls, dim in ((COLUMN_PROJ, "LinearLayer", 0), (ROW_PROJ, "LinearAllreduce", 1)):
+            for name in names:
+                types[f"{prefix}.{i}.{name}"] = cls
+                shards[f"{prefix}.{i}.{name}.weight"] = dim
+    return types, shards
+
+
 @dataclass
 class RankContext:
     """Where a rank process stands; built once per process by the worker."""

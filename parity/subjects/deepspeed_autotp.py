@@ -20,7 +20,7 @@ from parity.observe.partition import shard_sizes
 from parity.observe.process_functions import functional_linear
 import parity.subjects.loss_scaling as loss_scaling  # the module, not the package: no import cycle
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, RankContext, Subject, head_claims
 from parity.subjects.driver import attribute, record_structure
 from parity.observe.dtypes import DTYPES
 from references.model_config import hf_like_config, text_kv_heads
@@ -350,6 +350,17 @@ def record_loss_backend(log: list):
         ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
 
 
+def backend_per_micro(log: list, backends: dict):
+    """A driver micro_context: the CE backends record_loss_backend logged in each micro-batch, into
+    backends[(step, micro)]."""
+    @contextlib.contextmanager
+    def backend_of(step, micro):
+        before = len(log)
+        yield
+        backends[(step, micro)] = log[before:]
+    return backend_of
+
+
 class _TritonClaimingAccelerator:
     """The CPU accelerator, answering the Liger gate's two questions as a CUDA accelerator does."""
 
@@ -393,18 +404,22 @@ def use_default_specs(values: dict) -> dict:
             "true": {"use_default_specs": True}}[values.optional("use_default_specs", "false")]
 
 
-def BF16_SWITCHES(values: dict) -> dict:
-    """The bf16 section's switches the case's axes set away from DeepSpeed's defaults (nothing at the defaults,
-    so every other bf16 case hands DeepSpeed the config it always did)."""
-    found = {}
-    if values.optional("immediate_grad", False):
-        found["immediate_grad_update"] = True
-    if not values.optional("overflow_check", True):
-        found["check_grad_overflow"] = False
-    if values.optional("bf16_master", False):
-        # bf16_optimizer_states requires the masters in bf16; the masters alone need ZeRO-Offload + DeepSpeedCPUAdam.
-        found.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
-    return found
+# The bf16 section's switch axes: axis -> (its value away from DeepSpeed's default, the bf16 config keys it sets,
+# what DeepSpeed must then decide on every rank). bf16_optimizer_states requires the masters in bf16; the masters
+# alone need ZeRO-Offload + DeepSpeedCPUAdam.
+BF16_SWITCH_AXES = {
+    "immediate_grad": (True, {"immediate_grad_update": True}, {"immediate_grad_update": True, "grad_acc_hooks": True}),
+    "overflow_check": (False, {"check_grad_overflow": False}, {"check_grad_overflow": False}),
+    "bf16_master": (True, {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+                    {"master_dtype": "torch.bfloat16"}),
+}
+
+
+def bf16_switches(values: dict, part: int) -> dict:
+    """The switches the case's axes set away from DeepSpeed's defaults (part 1: their config keys, 2: the decisions
+    they must make); nothing at the defaults, so every other bf16 case hands DeepSpeed the config it always did."""
+    return {key: setting for axis, entry in BF16_SWITCH_AXES.items() if values.optional(axis, not entry[0]) == entry[0]
+            for key, setting in entry[part].items()}
 
 
 def clip_left_out(values: dict) -> bool:
@@ -423,13 +438,7 @@ def switch_decisions(values: dict) -> dict:
         # replaces ColumnParallel's identity-forward / all-reduce-backward pair.
         found["tp_overlap_comm"] = overlap
         found["column_function"] = "AsyncColumnParallel" if overlap else "ColumnParallel"
-    if values.optional("immediate_grad", False):
-        found["immediate_grad_update"] = True
-        found["grad_acc_hooks"] = True
-    if not values.optional("overflow_check", True):
-        found["check_grad_overflow"] = False
-    if values.optional("bf16_master", False):
-        found["master_dtype"] = "torch.bfloat16"
+    found.update(bf16_switches(values, 2))
     if values.optional("keep_on_host", False):
         # The switch reached the layer class, and the engine still trains the head on the case's device.
         found["keep_module_on_host"] = True
@@ -457,11 +466,19 @@ def column_function(logits) -> str | None:
     return None
 
 
-class EngineHead(Subject):
+class DeepSpeedSubject(Subject):
+    """A subject whose ranks run DeepSpeed: its comm layer joined, AutoTP's process-global state reset before a case."""
+    framework = "deepspeed"
+    clean_state = CLEAN_STATE
+
+    def reset_process_state(self, ctx: RankContext) -> dict:
+        setup_deepspeed(ctx)
+        return reset_deepspeed_state()
+
+
+class EngineHead(DeepSpeedSubject):
     """deepspeed.initialize on the user's model, trained by the driver through the engine (EngineUpdate);
     subclasses say how the head is selected and what it must become."""
-    framework = "deepspeed"
-
     axes = COMMON_AXES
 
     def tensor_parallel_config(self, values: dict) -> dict:
@@ -498,7 +515,7 @@ class EngineHead(Subject):
                 # Without it save_16bit_model writes nothing under ZeRO 3 (it says so in the log and returns False).
                 cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if values["dtype"] == "bf16":
-            cfg["bf16"] = {"enabled": True, **BF16_SWITCHES(values)}
+            cfg["bf16"] = {"enabled": True, **bf16_switches(values, 1)}
         elif values["dtype"] == "fp16":
             cfg["fp16"] = loss_scaling.fp16_section(values)
         return cfg
@@ -516,7 +533,6 @@ class EngineHead(Subject):
         return {"lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
                                                  f"deepspeed.module_inject.layers.{named}"]}
 
-    clean_state = CLEAN_STATE
     records_rank_decisions = True  # rank_decisions(): groups, DP size, head range, from DeepSpeed
 
     def decided(self, values):
@@ -564,10 +580,6 @@ class EngineHead(Subject):
                        and values["backend"] == "liger")
         return (super().requires(values) + engine_dtype_requirements(values)
                 + (["triton_interpreter"] if interpreted else []))
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def records_master_weights(self, values: dict) -> bool:
         # bf16/fp16: DeepSpeed's optimizer keeps a float32 master; with bf16 masters asked for, neither it nor the
@@ -712,13 +724,7 @@ class EngineHead(Subject):
                 captured = {}
                 self.capture_head_input(model, captured)
                 exclude_engine_reduction(engine)
-                backends = obs.facts["loss_backend"] = {}
-
-                @contextlib.contextmanager
-                def backend_of(step, micro):
-                    before = len(backend_log)
-                    yield
-                    backends[(step, micro)] = backend_log[before:]
+                obs.facts["loss_backend"] = {}
 
                 def first_column_function(step, micro, loss, logits):
                     if step == 0 and micro == 0:
@@ -728,7 +734,8 @@ class EngineHead(Subject):
                                         EngineUpdate(engine, dict(model.named_parameters()), values,
                                                      self.records_master_weights(values)),
                                         driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
-                                        captured=captured, record_collectives=True, micro_context=backend_of,
+                                        captured=captured, record_collectives=True,
+                                        micro_context=backend_per_micro(backend_log, obs.facts["loss_backend"]),
                                         after_forward=first_column_function, outputs_after_backward=False))
                 obs.facts.setdefault("collectives", {})
                 if values.optional("save", "none") != "none":
@@ -743,19 +750,23 @@ class EngineUpdate:
     (references/trajectory.py trainer_objective) with the engine's 1/GAS off, step() after every
     micro-batch (the engine updates on the accumulation boundary), the step gradient read between the
     boundary's backward and step(). fp16 and autocast-fp16 gradients hold the loss scale, divided back out
-    of the records (a power of two: exact); each step's scale and skip go to rank_decisions."""
+    of the records (a power of two: exact); each step's scale and skip go to rank_decisions. records False: the
+    weights after each step alone (a universal-checkpoint run; parity/checks/resume.py holds its resumed state)."""
 
-    def __init__(self, engine, params: dict, values: dict, masters: bool):
-        self.engine, self.params, self.masters = engine, params, masters
-        self.zero, self.reports_norm = values["zero"], reports_grad_norm(values)
-        self.scaled = loss_scaling.setting(values) is not None
+    def __init__(self, engine, params: dict, values: dict, masters: bool, records: bool = True):
+        self.engine, self.weights, self.masters, self.records = engine, params, masters, records
+        self.params = params if records else None  # what driver.record_params records the structure of
+        self.zero, self.reports_norm = values["zero"], records and reports_grad_norm(values)
+        self.scaled = records and loss_scaling.setting(values) is not None
         # torch_autocast float16: torch's GradScaler, the engine's or its ZeRO optimizer's, one per rank.
-        self.amp_scaler = loss_scaling.autocast_scaler(engine) if values.optional("autocast", None) == "fp16" else None
+        fp16_autocast = records and values.optional("autocast", None) == "fp16"
+        self.amp_scaler = loss_scaling.autocast_scaler(engine) if fp16_autocast else None
         self.scale, self.scales, self.skipped = 1.0, [], []
 
     def start(self, run) -> None:
         self.obs, self.clip = run.obs, run.train.clip > 0 and self.reports_norm
-        record_weights(self.obs, -1, self.params, self.zero)
+        if self.records:
+            record_weights(self.obs, -1, self.weights, self.zero)
 
     def begin_step(self, step: int) -> None:
         self.scale = (loss_scaling.current_scale(self.engine) if self.scaled else
@@ -767,8 +778,8 @@ class EngineUpdate:
     def after_micro(self, step: int, micro: int) -> None:
         from deepspeed.utils import safe_get_full_grad
 
-        if self.engine.is_gradient_accumulation_boundary():
-            for name, p in self.params.items():
+        if self.records and self.engine.is_gradient_accumulation_boundary():
+            for name, p in self.weights.items():
                 grad = safe_get_full_grad(p)
                 if grad is not None:
                     self.obs.record("grad", step, None, name, grad, unscale=self.scale)
@@ -776,7 +787,8 @@ class EngineUpdate:
 
     def end_step(self, step: int) -> None:
         engine = self.engine
-        self.obs.facts.setdefault("global_steps", []).append(engine.global_steps)
+        if self.records:
+            self.obs.facts.setdefault("global_steps", []).append(engine.global_steps)
         if self.scaled:
             self.scales.append(self.scale)
             if loss_scaling.step_overflowed(engine):
@@ -791,16 +803,16 @@ class EngineUpdate:
         if self.clip:
             norm = engine.get_global_grad_norm()
             self.obs.record("grad_norm", step, None, None, torch.as_tensor(float(norm), dtype=torch.float64))
-        record_weights(self.obs, step, self.params, self.zero)
+        record_weights(self.obs, step, self.weights, self.zero)
         if self.masters:
-            record_master_weights(self.obs, step, engine, self.params, self.zero)
+            record_master_weights(self.obs, step, engine, self.weights, self.zero)
 
     def finish(self) -> None:
-        decisions = self.obs.facts["rank_decisions"]
         if self.scaled:
-            decisions.update(loss_scales=self.scales, skipped=self.skipped, skipped_steps=int(self.engine.skipped_steps))
+            self.obs.facts["rank_decisions"].update(loss_scales=self.scales, skipped=self.skipped,
+                                                    skipped_steps=int(self.engine.skipped_steps))
         elif self.amp_scaler is not None:
-            decisions.update(loss_scales=self.scales, skipped=self.skipped)
+            self.obs.facts["rank_decisions"].update(loss_scales=self.scales, skipped=self.skipped)
 
 
 # The pad id the engine subjects' model may pass: 0 is the one case of the installed loss dropping it; 3 (the loss-only
@@ -831,10 +843,7 @@ class ColumnGatheredHead(EngineHead):
         ]}}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "LinearLayer", 0, reports_grad_norm=reports_grad_norm(values))
 
 
 class VocabParallelHead(EngineHead):
@@ -864,12 +873,8 @@ class VocabParallelHead(EngineHead):
                     {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
-                                    "loss_function": "VocabParallelCausalLMLoss"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      micro_records={"logits": -1, "loss": None, "head_input_grad": None},
-                      loss_backend=expected_ce_backend(values), reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True,
+                           loss_backend=expected_ce_backend(values), reports_grad_norm=reports_grad_norm(values))
 
     def unavailable_reason(self, values):
         reason = super().unavailable_reason(values)

@@ -17,7 +17,7 @@ from parity.observe import collectives, gemm_dtypes
 from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, NoModel, Subject, case_seed
-from parity.subjects.deepspeed_autotp import claimed_triton, record_loss_backend, setup_deepspeed
+from parity.subjects.deepspeed_autotp import claimed_triton, expected_ce_backend, record_loss_backend, setup_deepspeed
 from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, sp_group, tp_group
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import (ce_reference, linear_ce_inputs, linear_ce_reference, sequence_chunk, topk_index,
@@ -42,11 +42,6 @@ def autocast_dtype(values: dict):
     """The torch.autocast dtype a case's ``autocast`` axis names, or None (off)."""
     autocast = values["autocast"]
     return None if autocast == "off" else DTYPES[autocast]
-
-
-def _bounds(vocab: int, tp: int, tp_rank: int) -> tuple[slice, int, int]:
-    part = shard_slice(vocab, tp, tp_rank)
-    return part, part.start, part.stop
 
 
 def sequence_group(ctx, values):
@@ -121,8 +116,6 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
     def _liger(self, values) -> bool:
         """Whether DeepSpeed's gate must pick Liger here (a Triton device, or Triton claimed on CPU, and equal
         shards); elsewhere backend "liger" falls back to the torch CE on every rank, which needs nothing."""
-        from parity.subjects.deepspeed_autotp import expected_ce_backend
-
         return expected_ce_backend(values) == "liger"
 
     def requires(self, values):
@@ -136,8 +129,6 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
         return super().unavailable_reason(values)
 
     def claims(self, values):
-        from parity.subjects.deepspeed_autotp import expected_ce_backend
-
         return dataclasses.replace(super().claims(values), loss_backend=expected_ce_backend(values))
 
     def loss(self, values, ctx, local, targets, group, part, obs):
@@ -324,7 +315,7 @@ class DeepSpeedFusedLinearCE(NoModel, Subject):
         tp, vocab, reduction = values["tp"], values["vocab"], values["reduction"]
         group = tp_group(ctx, tp)
         tp_rank, dp_rank = ctx.tp_dp(tp)
-        part, start, end = _bounds(vocab, tp, tp_rank)
+        part = shard_slice(vocab, tp, tp_rank)
         h, w, b, targets, upstream = linear_ce_inputs(case_seed(SEED, values), FUSED_TOKENS, vocab, HIDDEN, values["bias"],
                                                       values["ignore"],
                                                       DTYPES[values["dtype"]], IGNORE_INDEX)
@@ -340,7 +331,7 @@ class DeepSpeedFusedLinearCE(NoModel, Subject):
             with (torch.autocast(ctx.device.split(":")[0], dtype=amp) if amp is not None else contextlib.nullcontext()):
                 loss = vocab_parallel_linear_cross_entropy(hidden, weight, targets.to(ctx.device), bias=bias,
                                                            tp_group=group, sp_group=sequence_group(ctx, values),
-                                                           vocab_start_index=start, vocab_end_index=end,
+                                                           vocab_start_index=part.start, vocab_end_index=part.stop,
                                                            ignore_index=IGNORE_INDEX, reduction=reduction,
                                                            chunk_size=values["chunk"] or None)
             upstream_objective(loss, upstream.to(ctx.device), reduction).backward()

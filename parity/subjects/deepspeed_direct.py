@@ -5,15 +5,13 @@ driver with plain SGD and recorded as the engine subjects are. Details: docs/sub
 """
 from __future__ import annotations
 
-import contextlib
-
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.base import NAMED_HEADS, RankContext, head_claims
 from parity.subjects.driver import record_structure
-from parity.subjects.plain_sgd import PlainSGD
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, install_tp_groups, record_loss_backend,
-                                              reset_deepspeed_state, setup_deepspeed)
+from parity.subjects.plain_sgd import PlainSGDHead
+from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, backend_per_micro, install_tp_groups, record_loss_backend,
+                                              setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
@@ -21,23 +19,10 @@ DIRECT_AXES = {"dtype": ("fp32", "bf16"), "reduction": None, "vocab": None, "hid
                "head": NAMED_HEADS, "ignore": None, "gas": None, "tp": None, "device": None}
 
 
-class DirectHead(Subject):
+class DirectHead(PlainSGDHead, DeepSpeedSubject):
     """Builds the layer around the tiny LM's head; the driver trains it with plain SGD."""
-    framework = "deepspeed"
-
     axes = DIRECT_AXES
-    clean_state = CLEAN_STATE
     layer_class = ""
-
-    def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
-
-    def world_size(self, values):
-        return values["tp"]
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def build_head(self, head, group, values):
         raise NotImplementedError
@@ -68,19 +53,12 @@ class DirectHead(Subject):
         captured: dict = {}
         capture_head_input_and_grad(model, captured)
         backend_log: list = []
-        backends = {}
-
-        @contextlib.contextmanager
-        def backend_of(step, micro):
-            before = len(backend_log)
-            yield
-            backends[(step, micro)] = backend_log[before:]
-
+        backends: dict = {}
         with record_loss_backend(backend_log):
             driver.train(driver.Run(obs, train, lambda batch, n: model(**batch, num_items_in_batch=n),
                                     driver.PlainUpdate.sgd(model, dtype, train.lr),
                                     driver.lm_batches(train, spec, dp_rank, ctx.device), spec.reduction,
-                                    captured=captured, micro_context=backend_of))
+                                    captured=captured, micro_context=backend_per_micro(backend_log, backends)))
         if ds_loss:
             obs.facts["loss_backend"] = backends
         return obs
@@ -98,9 +76,7 @@ class DirectColumnGatheredHead(DirectHead):
         return LinearLayer(head, group, gather_output=True, name=values["head"])
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LinearLayer", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0})
+        return head_claims(values["head"], "LinearLayer", 0)
 
 
 class DirectVocabParallelHead(DirectHead):
@@ -126,12 +102,7 @@ class DirectVocabParallelHead(DirectHead):
         return True
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
-                                    "loss_function": "VocabParallelCausalLMLoss"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      micro_records={"logits": -1, "loss": None, "head_input_grad": None},
-                      loss_backend="torch")
+        return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True, loss_backend="torch")
 
 
 class DirectRowParallelHead(DirectHead):
@@ -146,7 +117,4 @@ class DirectRowParallelHead(DirectHead):
         return LinearAllreduceWithReplicatedInput(head, group, name=values["head"])
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LinearAllreduceWithReplicatedInput", "proj": "Linear",
-                                    "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None})
+        return head_claims(values["head"], "LinearAllreduceWithReplicatedInput", 1, None)

@@ -13,33 +13,28 @@ import torch
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
 from parity.subjects.plain_sgd import PlainSGD
-from parity.subjects.base import Claims, RankContext, Subject, padding_index
-from parity.subjects.deepspeed_tied import gemma3_unavailable
-from parity.subjects.deepspeed_autotp import CLEAN_STATE, install_tp_groups, reset_deepspeed_state, setup_deepspeed
+from parity.subjects.base import Claims, RankContext, padding_index
+from parity.subjects.deepspeed_tied import gemma3_embedding, gemma3_unavailable
+from parity.subjects.deepspeed_autotp import DeepSpeedSubject, install_tp_groups, setup_deepspeed
 from parity.observe.dtypes import DTYPES
 
 
 def gemma3_scaled(table: torch.nn.Embedding) -> torch.nn.Embedding:
     """The same table as a user's Gemma3 model holds it: HF's class, built in float32 as from_pretrained builds it
     (the buffer sqrt(hidden) in float32), the weights loaded, then cast with the model to the table's dtype."""
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
-
-    vocab, hidden = table.weight.shape
-    scaled = Gemma3TextScaledWordEmbedding(vocab, hidden, table.padding_idx, embed_scale=hidden ** 0.5)
+    scaled = gemma3_embedding(table)
     with torch.no_grad():
         scaled.weight.copy_(table.weight.float())
     return scaled.to(table.weight.dtype)
 
 
-class DirectVocabParallelEmbedding(Subject):
-    framework = "deepspeed"
+class DirectVocabParallelEmbedding(DeepSpeedSubject):
     name = "vocab_parallel_embedding"
     feature = "vocab-parallel embedding"
     description = ("untied VocabParallelEmbedding built directly in AutoTP training mode: table sharded along "
                    "vocab, masked local lookup + all-reduce, trained alone on a summed squared-error lookup loss.")
     axes = {"dtype": ("fp32", "bf16"), "vocab": None, "hidden": None, "gas": None, "tp": None,
             "device": None, "padding": None, "embed_scale": None}
-    clean_state = CLEAN_STATE
 
     def reference(self, values, compute_dtype=None):
         from references.embedding_lookup import train_lookup_reference
@@ -54,10 +49,6 @@ class DirectVocabParallelEmbedding(Subject):
     def claims(self, values):
         return Claims(module_types={"embedding": "VocabParallelEmbedding"}, param_shards={"weight": 0},
                       micro_records={"embedding": None, "loss": None})
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
         from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode

@@ -17,10 +17,11 @@ import torch
 
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject, case_seed
+from parity.subjects.base import NAMED_HEADS, RankContext, case_seed, head_claims
 from parity.subjects.driver import attribute
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, engine_dtype_requirements, reset_deepspeed_state,
-                                             setup_deepspeed)
+from parity.subjects.loss_only import tp_group
+from parity.subjects.deepspeed_autotp import (CLEAN_STATE, DeepSpeedSubject, engine_dtype_requirements,
+                                             reset_deepspeed_state, setup_deepspeed)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
@@ -75,15 +76,6 @@ def shm_op(ctx: RankContext):
     return state["shm_op"]
 
 
-def inference_group(ctx: RankContext, tp: int):
-    """InferenceEngine makes its TP group once per process, ``new_group(range(tp_size))``, and caches it
-    on the class (``InferenceEngine.inference_mp_group``) for every later engine whatever its tp_size.
-    One plain group per TP size is made here and installed before each case instead."""
-    from parity.subjects.loss_only import tp_group
-
-    return tp_group(ctx, tp)
-
-
 class GroupMpu:
     """An mpu whose model-parallel group is ``group`` (every rank of it one model replica: no data parallelism)."""
 
@@ -110,8 +102,7 @@ class GroupMpu:
         return 0
 
 
-class InferenceHead(Subject):
-    framework = "deepspeed"
+class InferenceHead(DeepSpeedSubject):
     name = "inference_head"
     feature = None
     description = ("legacy inference: deepspeed.init_inference(tensor_parallel tp_size) shards lm_head as "
@@ -156,10 +147,8 @@ class InferenceHead(Subject):
         return dataclasses.replace(super().model_spec(values), head_input=values["head_input"])
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LmHeadLinearAllreduce", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None},
-                      micro_records={"logits": None}, collective_path=expected_all_reduce(values))
+        return head_claims(values["head"], "LmHeadLinearAllreduce", 1, None, micro_records={"logits": None},
+                           collective_path=expected_all_reduce(values))
 
     def reference(self, values, compute_dtype=None):
         """The forward alone: initial weights and the logits of the first micro-batch."""
@@ -203,7 +192,8 @@ class InferenceHead(Subject):
         prior = values["prior_tp"]
         # A fresh process beyond tp's ranks: DeepSpeed's own new_group(range(tp_size)) is the behaviour under test.
         fresh = values["dp"] > 1
-        InferenceEngine.inference_mp_group = None if fresh else inference_group(ctx, prior or tp)
+        # The group InferenceEngine caches on its class for every later engine: one per TP size, installed per case.
+        InferenceEngine.inference_mp_group = None if fresh else tp_group(ctx, prior or tp)
         if prior:
             # The user's first engine, on a model of its own; it finds (and keeps) the group of all its ranks.
             first = build_model(spec, train.seed + 1, dtype).to(ctx.device)

@@ -9,12 +9,10 @@ import dataclasses
 import re
 import types
 
-from parity.subjects.base import NAMED_HEADS, Claims
+from parity.subjects.base import NAMED_HEADS, head_claims, projection_claims
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, EngineHead, reports_grad_norm
 
 BLOCKS = 2  # two blocks of one class: the heuristic parser keeps one policy per block class, the walk meets both
-COLUMN_PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-ROW_PROJ = ("self_attn.o_proj", "mlp.down_proj")
 
 
 class SpecReachHead(ColumnGatheredHead):
@@ -48,20 +46,6 @@ class SpecReachHead(ColumnGatheredHead):
         return model
 
 
-def block_claims() -> tuple[dict, dict]:
-    """(module_types, param_shards) of TinyLlamaModel's blocks sharded the Llama way: q/k/v and gate/up column
-    (LinearLayer, weight cut on dim 0), o_proj and down_proj row (LinearAllreduce, cut on dim 1)."""
-    types_, shards = {}, {}
-    for i in range(BLOCKS):
-        for name in COLUMN_PROJ:
-            types_[f"layers.{i}.{name}"] = "LinearLayer"
-            shards[f"layers.{i}.{name}.weight"] = 0
-        for name in ROW_PROJ:
-            types_[f"layers.{i}.{name}"] = "LinearAllreduce"
-            shards[f"layers.{i}.{name}.weight"] = 1
-    return types_, shards
-
-
 class LlamaBlocksHead(EngineHead):
     """TinyLlamaModel through the engine loop; subclasses say which of DeepSpeed's sources shards its blocks."""
     axes = {**COMMON_AXES, "vocab_parallel_lm_head": ("true", "false")}
@@ -83,18 +67,12 @@ class LlamaBlocksHead(EngineHead):
         return {"vocab_parallel_lm_head": values["vocab_parallel_lm_head"] == "true"}
 
     def claims(self, values):
-        head = values["head"]
-        block_types, block_shards = block_claims()
+        blocks, norm = projection_claims("layers", BLOCKS), reports_grad_norm(values)
         if values["vocab_parallel_lm_head"] == "true":
-            return Claims(module_types={head: "VocabParallelLinear", "proj": "Linear", "embed_tokens": "Embedding",
-                                        "loss_function": "VocabParallelCausalLMLoss", **block_types},
-                          param_shards={f"{head}.weight": 0, f"{head}.bias": 0, **block_shards},
-                          micro_records={"logits": -1, "loss": None, "head_input_grad": None},
-                          loss_backend="torch", reports_grad_norm=reports_grad_norm(values))
+            return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True, blocks=blocks,
+                               loss_backend="torch", reports_grad_norm=norm)
         # No source names the head: it stays the user's replicated nn.Linear, computing full logits on every rank.
-        return Claims(module_types={head: "Linear", "proj": "Linear", "embed_tokens": "Embedding", **block_types},
-                      param_shards={f"{head}.weight": None, f"{head}.bias": None, **block_shards},
-                      reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "Linear", None, None, blocks=blocks, reports_grad_norm=norm)
 
 
 class PresetLlamaHead(LlamaBlocksHead):

@@ -11,11 +11,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import Claims
 from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
-from parity.subjects.deepspeed_autotp import (CLEAN_STATE, EngineHead, deepspeed_process_state, install_tp_groups,
-                                              reset_deepspeed_state, setup_deepspeed)
+from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, EngineHead, deepspeed_process_state,
+                                              install_tp_groups, setup_deepspeed)
 from parity.subjects.values import resolve
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
@@ -109,36 +109,33 @@ def _seeded(factory):
         return factory()
 
 
-def _embedding_option(**options):
+def _changed(change=None):
+    """A model builder: the tiny LM as the reference builds it, then ``change(model, spec)`` made in place."""
     def build(spec):
         model = build_model(spec, SEED, torch.float32)
-        old = model.embed_tokens
-        new = nn.Embedding(spec.vocab, spec.hidden, **options)
-        new.weight = old.weight  # keeps a tie to the head, if any
-        model.embed_tokens = new
+        if change is not None:
+            change(model, spec)
         return model
     return build
 
 
-def _tied_to_non_embedding(spec):
-    model = build_model(spec, SEED, torch.float32)
-    model.scorer = WeightHolder(model.lm_head.weight)
-    return model
+def _embedding_option(**options):
+    def change(model, spec):
+        new = nn.Embedding(spec.vocab, spec.hidden, **options)
+        new.weight = model.embed_tokens.weight  # keeps a tie to the head, if any
+        model.embed_tokens = new
+    return _changed(change)
 
 
-def _without_loss_function(spec):
-    model = build_model(spec, SEED, torch.float32)
-    del model.loss_function  # an instance attribute in TinyCausalLM: afterwards hasattr() is False
-    return model
+_plain = _changed()
+_tied_to_non_embedding = _changed(lambda model, spec: setattr(model, "scorer", WeightHolder(model.lm_head.weight)))
+# loss_function is an instance attribute in TinyCausalLM: afterwards hasattr() is False
+_without_loss_function = _changed(lambda model, spec: delattr(model, "loss_function"))
 
 
 def _tp_plan_style(style):
-    def build(spec):
-        model = build_model(spec, SEED, torch.float32)
-        # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
-        model._tp_plan = {"lm_head": style}
-        return model
-    return build
+    # DeepSpeed reads an instance's _tp_plan as a HuggingFace tp_plan (runtime/tensor_parallel/config.py).
+    return _changed(lambda model, spec: setattr(model, "_tp_plan", {"lm_head": style}))
 
 
 def _llama_shaped_unnamed(spec):
@@ -154,16 +151,11 @@ def _probe_ids(spec, seed: int = SEED) -> torch.Tensor:
     return torch.randint(0, spec.vocab, (2, 6), generator=torch.Generator().manual_seed(seed))
 
 
-def _plain(spec):
-    return build_model(spec, SEED, torch.float32)
-
-
 def _second_head(path: str, tp_plan: bool = False):
     """A second [V, H] output head at ``path`` beside lm_head, as a model with a multi-token-prediction head has
     (``mtp_head``, or the nested ``mtp.lm_head`` of an MTP module holding its own lm_head). tp_plan: the model also
     carries an HF tp_plan for lm_head, so that the engine takes the plan's path."""
-    def build(spec):
-        model = build_model(spec, SEED, torch.float32)
+    def change(model, spec):
         *parents, leaf = path.split(".")
         owner = model
         for part in parents:
@@ -172,8 +164,7 @@ def _second_head(path: str, tp_plan: bool = False):
         owner.add_module(leaf, _seeded(lambda: nn.Linear(spec.hidden, spec.vocab, bias=spec.bias)))
         if tp_plan:
             model._tp_plan = {"lm_head": "colwise_gather_output"}
-        return model
-    return build
+    return _changed(change)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,14 +382,12 @@ class _Config(EngineHead):
         raise NotImplementedError
 
 
-class DeepSpeedRejection(Subject):
-    framework = "deepspeed"
+class DeepSpeedRejection(DeepSpeedSubject):
     name = "ds_reject"
     feature = None
     description = ("DeepSpeed's documented error paths: deepspeed.initialize (or the vocabulary-parallel CE) "
                    "with a model or config it must refuse, on every rank alike.")
     axes = {"variant": VARIANTS[1:], "tp": None, "device": None}
-    clean_state = CLEAN_STATE
 
     def claims(self, values):
         return Claims(module_types={}, param_shards={})
@@ -413,10 +402,6 @@ class DeepSpeedRejection(Subject):
 
     def training_spec(self, values):
         return TrainingSpec(steps=1, micro_batches=1)
-
-    def reset_process_state(self, ctx: RankContext) -> dict:
-        setup_deepspeed(ctx)
-        return reset_deepspeed_state()
 
     def records_state_after_rejection(self, values) -> bool:
         # Every variant: the model (engine variants) or the CE's inputs, and AutoTP's process switches.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from parity.subjects.base import Claims
+from parity.subjects.base import head_claims
 from parity.subjects.deepspeed_autotp import AUTOCAST_MODULES_AXES, COMMON_AXES, EngineHead, reports_grad_norm
 
 
@@ -33,8 +33,5 @@ class RowParallelHead(EngineHead):
         ]}}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "LinearAllreduceWithReplicatedInput", "proj": "Linear",
-                                    "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None},
-                      reports_grad_norm=reports_grad_norm(values))
+        return head_claims(values["head"], "LinearAllreduceWithReplicatedInput", 1, None,
+                           reports_grad_norm=reports_grad_norm(values))

@@ -36,14 +36,20 @@ def gemma3_unavailable(values: dict) -> str | None:
     return None
 
 
+def gemma3_embedding(plain: torch.nn.Embedding):
+    """transformers' Gemma3TextScaledWordEmbedding of ``plain``'s shape and padding_idx (its buffer sqrt(hidden) in
+    float32, as from_pretrained builds it)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    vocab, hidden = plain.weight.shape
+    return Gemma3TextScaledWordEmbedding(vocab, hidden, plain.padding_idx, embed_scale=hidden ** 0.5)
+
+
 def as_gemma3_embedding(model):
     """The user's Gemma3 model holds transformers' own class, the one custom embedding forward AutoTP's embedding
     layers accept (by module and name); the reference's plain-torch twin is swapped for it, the tied Parameter kept."""
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
-
     plain = model.embed_tokens
-    vocab, hidden = plain.weight.shape
-    scaled = Gemma3TextScaledWordEmbedding(vocab, hidden, plain.padding_idx, embed_scale=hidden ** 0.5)
+    scaled = gemma3_embedding(plain)
     scaled.scale_grad_by_freq, scaled.max_norm = plain.scale_grad_by_freq, plain.max_norm
     scaled.to(plain.weight.dtype)  # the buffer, cast with the model as from_pretrained(torch_dtype=...) leaves it
     scaled.weight = plain.weight

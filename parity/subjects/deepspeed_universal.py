@@ -16,7 +16,7 @@ import torch
 
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
-from parity.subjects.deepspeed_autotp import (ColumnGatheredHead, VocabParallelHead, install_tp_groups,
+from parity.subjects.deepspeed_autotp import (ColumnGatheredHead, EngineUpdate, VocabParallelHead, install_tp_groups,
                                               rank_decisions, reset_deepspeed_state, setup_deepspeed)
 from parity.subjects.deepspeed_row import RowParallelHead
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
@@ -161,7 +161,9 @@ class UniversalResume:
 
         scratch = RankObservations(-1, -1, -1) if obs is None else obs
         driver.train(driver.Run(scratch, dataclasses.replace(train, dp=dp_size, micro_batches=chunk),
-                                lambda batch, n: self.forward(engine, batch, n, spec), ResumeUpdate(engine), batches,
+                                lambda batch, n: self.forward(engine, batch, n, spec),
+                                EngineUpdate(engine, dict(engine.module.named_parameters()), values, masters=False,
+                                             records=False), batches,
                                 spec.reduction, output_kind=None, steps=steps, captured=None,
                                 outputs_after_backward=False))
 
@@ -249,31 +251,3 @@ class UniversalRowParallel(UniversalResume, RowParallelHead):
     feature = None
     description = "as uc_column_gathered, the row-parallel head (LinearAllreduceWithReplicatedInput)"
     axes = RESUME_AXES
-
-
-class ResumeUpdate:
-    """The driver's update for a universal-checkpoint run: the engine's backward and step(), and the weights the
-    engine's module holds after each step."""
-    scale = 1.0
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def start(self, run) -> None:
-        self.obs = run.obs
-
-    def begin_step(self, step: int) -> None:
-        pass
-
-    def backward(self, objective) -> None:
-        self.engine.backward(objective, scale_wrt_gas=False)
-
-    def after_micro(self, step: int, micro: int) -> None:
-        self.engine.step()
-
-    def end_step(self, step: int) -> None:
-        for name, p in dict(self.engine.module.named_parameters()).items():
-            self.obs.record("weight", step, None, name, p)
-
-    def finish(self) -> None:
-        pass

@@ -11,7 +11,7 @@ from importlib.util import find_spec
 
 import torch
 
-from parity.subjects.base import Claims
+from parity.subjects.base import LOCAL_LOGITS, Claims, projection_claims
 from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.loss import causal_lm_loss
@@ -22,9 +22,6 @@ HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ig
            "gas": None, "tp": (2,), "device": None}
 HIDDEN, INTERMEDIATE, HEADS, LAYERS = 32, 64, 2, 1
 INIT_STD = 0.1  # HF's default 0.02 gives near-uniform softmaxes; 0.1 keeps every check away from zero
-
-COLUMN_PARAMS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-ROW_PARAMS = ("self_attn.o_proj", "mlp.down_proj")
 
 
 def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
@@ -46,24 +43,6 @@ def capture_lm_head_input_and_grad(model, sink: dict) -> None:
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
 
     model.lm_head.register_forward_pre_hook(pre_hook)
-
-
-def layer_param_shards() -> dict:
-    shards = {}
-    for layer in range(LAYERS):
-        for name in COLUMN_PARAMS:
-            shards[f"model.layers.{layer}.{name}.weight"] = 0
-        for name in ROW_PARAMS:
-            shards[f"model.layers.{layer}.{name}.weight"] = 1
-    return shards
-
-
-def layer_module_types() -> dict:
-    found = {}
-    for layer in range(LAYERS):
-        found.update({f"model.layers.{layer}.{n}": "LinearLayer" for n in COLUMN_PARAMS})
-        found.update({f"model.layers.{layer}.{n}": "LinearAllreduce" for n in ROW_PARAMS})
-    return found
 
 
 class HFPlanHead(EngineHead):
@@ -143,9 +122,9 @@ class HFPlanColumnHead(HFPlanHead):
         return values["hf_head"]
 
     def claims(self, values):
-        return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding",
-                                    **layer_module_types()},
-                      param_shards={"lm_head.weight": 0, **layer_param_shards()})
+        types, shards = projection_claims("model.layers", LAYERS)
+        return Claims(module_types={"lm_head": "LinearLayer", "model.embed_tokens": "Embedding", **types},
+                      param_shards={"lm_head.weight": 0, **shards})
 
 
 class HFPlanRowHead(HFPlanHead):
@@ -159,9 +138,9 @@ class HFPlanRowHead(HFPlanHead):
         return "rowwise"
 
     def claims(self, values):
+        types, shards = projection_claims("model.layers", LAYERS)
         return Claims(module_types={"lm_head": "LinearAllreduceWithReplicatedInput", "model.embed_tokens": "Embedding",
-                                    **layer_module_types()},
-                      param_shards={"lm_head.weight": 1, **layer_param_shards()})
+                                    **types}, param_shards={"lm_head.weight": 1, **shards})
 
 
 TIED = (("lm_head.weight", "model.embed_tokens.weight"),)
@@ -192,13 +171,11 @@ class HFPlanTiedHead(HFPlanHead):
         return {} if setting == "unset" else {"vocab_parallel_lm_head": setting == "true"}
 
     def claims(self, values):
-        layers = {"module_types": layer_module_types(), "param_shards": layer_param_shards()}
+        types, shards = projection_claims("model.layers", LAYERS)
         if self.vocab_parallel(values):
             return Claims(module_types={"lm_head": "VocabParallelLinear", "model.embed_tokens": "VocabParallelEmbedding",
-                                        "loss_function": "VocabParallelCausalLMLoss", **layers["module_types"]},
-                          param_shards={"model.embed_tokens.weight": 0, **layers["param_shards"]},
-                          micro_records={"logits": -1, "loss": None, "head_input_grad": None},
+                                        "loss_function": "VocabParallelCausalLMLoss", **types},
+                          param_shards={"model.embed_tokens.weight": 0, **shards}, micro_records=dict(LOCAL_LOGITS),
                           loss_backend="torch", shared_params=TIED)
-        return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **layers["module_types"]},
-                      param_shards={"model.embed_tokens.weight": None, **layers["param_shards"]},
-                      shared_params=TIED)
+        return Claims(module_types={"lm_head": "Linear", "model.embed_tokens": "Embedding", **types},
+                      param_shards={"model.embed_tokens.weight": None, **shards}, shared_params=TIED)

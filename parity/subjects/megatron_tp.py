@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
-from parity.subjects.base import Claims, RankContext, Subject
+from parity.subjects.base import LOCAL_LOGITS, Claims, RankContext, Subject
 from parity.subjects.driver import record_structure
-from parity.subjects.plain_sgd import PlainSGD
+from parity.subjects.plain_sgd import PlainSGDHead
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
 MEGATRON_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -57,7 +57,7 @@ def as_model_head(layer, weight_of=None):
     return layer
 
 
-class MegatronHead(Subject):
+class MegatronHead(PlainSGDHead, Subject):
     """Builds Megatron layers around the reference's weights; the driver trains them with plain SGD."""
 
     axes = MEGATRON_AXES
@@ -68,12 +68,6 @@ class MegatronHead(Subject):
     vocab_parallel_loss = False
     refuses_uneven_vocab = ("Megatron-core shards evenly and asserts tp divides the vocabulary at layer construction "
                             "(cases/megatron.toml: the uneven-vocabulary refusals)")
-
-    def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
-
-    def world_size(self, values):
-        return values["tp"]
 
     def requires(self, values):
         found = super().requires(values)  # capabilities first: megatron_core
@@ -96,7 +90,15 @@ class MegatronHead(Subject):
                                    perform_initialization=False, params_dtype=dtype)
 
     def install(self, model, values, dtype, tp_rank, tp):
-        raise NotImplementedError
+        """The head as a ColumnParallelLinear with the reference's weights: gathered logits, or vocab-sharded ones."""
+        layer = self.column_layer(model.spec, dtype, gather=self.gathers)
+        self.copy_head(layer, model.head, tp_rank, tp)
+        model.replace_head(as_model_head(layer))
+
+    def claims(self, values):
+        return Claims(module_types={"lm_head": "ColumnParallelLinear", "embed_tokens": "Embedding", "proj": "Linear"},
+                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0}, split="chunk",
+                      **({} if self.gathers else {"micro_records": dict(LOCAL_LOGITS)}))
 
     def loss(self, model, logits, batch, num_items):
         """Megatron's per-token vocab-parallel CE, masked and reduced as pretrain_gpt's loss_func does."""
@@ -120,7 +122,7 @@ class MegatronHead(Subject):
         return total / mask.sum().clamp(min=1)
 
     def forward(self, model, batch, num_items):
-        if not self.vocab_parallel_loss:
+        if not (self.vocab_parallel_loss or model.spec.tied):  # tied: GPTModel's shared head keeps logits sharded
             return model(**batch, num_items_in_batch=num_items)
         _, logits = model(batch["input_ids"])
         return self.loss(model, logits, batch, num_items), logits
@@ -179,15 +181,6 @@ class MegatronColumnGatheredHead(MegatronHead):
                    "all-gathered, the suite's CE; plain SGD. CUDA only (Megatron's all-gather allocates on CUDA).")
     gathers = True
 
-    def install(self, model, values, dtype, tp_rank, tp):
-        layer = self.column_layer(model.spec, dtype, gather=True)
-        self.copy_head(layer, model.head, tp_rank, tp)
-        model.replace_head(as_model_head(layer))
-
-    def claims(self, values):
-        return Claims(module_types={"lm_head": "ColumnParallelLinear", "embed_tokens": "Embedding", "proj": "Linear"},
-                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0}, split="chunk")
-
 
 class MegatronVocabParallelHead(MegatronHead):
     name = "megatron_vocab_parallel"
@@ -196,16 +189,6 @@ class MegatronVocabParallelHead(MegatronHead):
                    "(per-token, masked and reduced as pretrain_gpt's loss_func); plain SGD.")
     axes = {**MEGATRON_AXES, "label_smoothing": None}
     vocab_parallel_loss = True
-
-    def install(self, model, values, dtype, tp_rank, tp):
-        layer = self.column_layer(model.spec, dtype, gather=False)
-        self.copy_head(layer, model.head, tp_rank, tp)
-        model.replace_head(as_model_head(layer))
-
-    def claims(self, values):
-        return Claims(module_types={"lm_head": "ColumnParallelLinear", "embed_tokens": "Embedding", "proj": "Linear"},
-                      param_shards={"lm_head.weight": 0, "lm_head.bias": 0},
-                      micro_records={"logits": -1, "loss": None, "head_input_grad": None}, split="chunk")
 
 
 class MegatronVocabParallelEmbedding(MegatronHead):
@@ -229,12 +212,6 @@ class MegatronVocabParallelEmbedding(MegatronHead):
             self.copy_head(layer, model.head, tp_rank, tp, weight=False)
             model.replace_head(as_model_head(layer, weight_of=embedding))
 
-    def forward(self, model, batch, num_items):
-        if not model.spec.tied:
-            return model(**batch, num_items_in_batch=num_items)
-        _, logits = model(batch["input_ids"])
-        return self.loss(model, logits, batch, num_items), logits
-
     def claims(self, values):
         if values["tied"]:
             return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear",
@@ -242,7 +219,7 @@ class MegatronVocabParallelEmbedding(MegatronHead):
                           # skip_weight_param_allocation: the head has no weight of its own (lm_head.weight is
                           # None), so the reference's tied lm_head.weight is embed_tokens.weight here too.
                           param_shards={"embed_tokens.weight": 0, "lm_head.bias": 0},
-                          micro_records={"logits": -1, "loss": None, "head_input_grad": None}, split="chunk")
+                          micro_records=dict(LOCAL_LOGITS), split="chunk")
         return Claims(module_types={"embed_tokens": "VocabParallelEmbedding", "proj": "Linear", "lm_head": "Linear"},
                       param_shards={"embed_tokens.weight": 0, "lm_head.bias": None, "lm_head.weight": None},
                       split="chunk")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from parity.observe.dtypes import DTYPES
+
 
 class PlainSGD:
     def __init__(self, params: dict[str, torch.nn.Parameter], dtype: torch.dtype, lr: float):
@@ -39,3 +41,14 @@ class PlainSGD:
                     p.copy_(self.master[name].to(p.dtype))
             else:
                 self.optimizer.step()
+
+
+class PlainSGDHead:
+    """Mixin first in the bases of a subject that shards the tiny LM itself, one rank per TP index, and trains it
+    with PlainSGD: its ranks record the float32 masters where PlainSGD keeps them."""
+
+    def records_master_weights(self, values) -> bool:
+        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
+
+    def world_size(self, values):
+        return values["tp"]

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from parity.observe.dtypes import DTYPES
 from parity.observe.observations import RankObservations
 import parity.subjects.driver as driver  # the module, not the package: no import cycle
-from parity.subjects.base import NAMED_HEADS, Claims, RankContext, Subject
+from parity.subjects.base import LOCAL_LOGITS, NAMED_HEADS, Claims, RankContext, Subject, head_claims
 from parity.subjects.driver import record_structure
-from parity.subjects.plain_sgd import PlainSGD
+from parity.subjects.plain_sgd import PlainSGDHead
 from references.tiny_lm import build_model, capture_head_input_and_grad
 
 TORCH_AXES = {"dtype": ("fp32", "bf16", "fp16"), "reduction": None, "vocab": None, "hidden": None, "bias": None,
@@ -66,18 +66,12 @@ def _grad_placements(obs, step: int, params: dict) -> None:
                                                          for name, p in params.items()}
 
 
-class TorchTPHead(Subject):
+class TorchTPHead(PlainSGDHead, Subject):
     """Parallelizes a fresh model with a plan; the driver trains it with plain SGD."""
     framework = "torch"
 
     axes = TORCH_AXES
     clean_state = CLEAN_STATE
-
-    def records_master_weights(self, values: dict) -> bool:
-        return PlainSGD.keeps_masters(DTYPES[values["dtype"]])
-
-    def world_size(self, values):
-        return values["tp"]
 
     def reset_process_state(self, ctx: RankContext) -> dict:
         from torch.distributed.tensor import DTensor
@@ -164,9 +158,7 @@ class TorchColumnGatheredHead(TorchTPHead):
         return {values["head"]: _colwise()}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "Linear(Shard(dim=0),)", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0}, split="chunk")
+        return head_claims(values["head"], "Linear(Shard(dim=0),)", 0, split="chunk")
 
 
 class TorchVocabParallelHead(TorchTPHead):
@@ -205,10 +197,7 @@ class TorchVocabParallelHead(TorchTPHead):
         return loss
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "Linear(Shard(dim=0),)", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 0, f"{head}.bias": 0},
-                      micro_records={"logits": -1, "loss": None, "head_input_grad": None}, split="chunk")
+        return head_claims(values["head"], "Linear(Shard(dim=0),)", 0, micro_records=dict(LOCAL_LOGITS), split="chunk")
 
 
 class TorchRowParallelHead(TorchTPHead):
@@ -224,9 +213,7 @@ class TorchRowParallelHead(TorchTPHead):
         return {values["head"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
 
     def claims(self, values):
-        head = values["head"]
-        return Claims(module_types={head: "Linear(Shard(dim=1),)", "proj": "Linear", "embed_tokens": "Embedding"},
-                      param_shards={f"{head}.weight": 1, f"{head}.bias": None}, split="chunk")
+        return head_claims(values["head"], "Linear(Shard(dim=1),)", 1, None, split="chunk")
 
 
 class TorchVocabParallelEmbedding(TorchTPHead):

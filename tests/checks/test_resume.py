@@ -37,7 +37,7 @@ def judged(edit_saved=None, edit_resumed=None, steps=SAVED_AFTER) -> dict:
         for j, state in enumerate(STATES):
             whole = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) + 1000 * (4 * i + j)
             for r in (0, 1):
-                piece = cmp._param_view(name, whole, r, reference)
+                piece = cmp._param_view(name, whole, r)
                 saved[r].setdefault(name, {})[state] = piece
                 resumed[r].setdefault(name, {})[state] = piece.copy()
     if edit_saved is not None:
@@ -113,7 +113,7 @@ def judged_empty_row_shard(edit_resumed) -> dict:
                     index[dim] = shard_slice(shape[dim], 2, r % 2, 1, cmp.split)
                     saved_piece = whole[tuple(index)]
                 saved[r].setdefault(name, {})[state] = saved_piece
-                resumed[r].setdefault(name, {})[state] = cmp._param_view(name, whole, r, reference).copy()
+                resumed[r].setdefault(name, {})[state] = cmp._param_view(name, whole, r).copy()
     edit_resumed(resumed)
     for r in ranks:
         obs[r].facts["checkpointed"] = {"tp_rank": r % 2, "dp_rank": r // 2, "state": saved[r]}

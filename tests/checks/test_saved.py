@@ -30,7 +30,7 @@ def judged(edit=None, saved_none=False) -> dict:
     for name in names:
         whole = reference.get("weight", last, None, None, name)
         for r in (0, 1):
-            shard = cmp._param_view(name, whole.numpy(), r, reference)
+            shard = cmp._param_view(name, whole.numpy(), r)
             shards[(name, r)] = shard
             obs[r].tensors[("weight", last, None, name)] = shard
     saved = {name: (reference.get("weight", last, None, None, name).numpy().copy(), "float32") for name in names}

@@ -26,7 +26,7 @@ def judged(by_step: dict, step: int, masters: dict | None = None) -> list:
                      oracle)
 
     def ref(at):
-        return cmp._param_view(NAME, reference.get("weight", at, None, None, NAME).numpy(), 0, reference)
+        return cmp._param_view(NAME, reference.get("weight", at, None, None, NAME).numpy(), 0)
     weights = {s: (w if not isinstance(w, int) else ref(w)) for s, w in by_step.items()}
     cmp.obs[0].by_step = weights
     cmp.obs[0].masters = masters or {}
