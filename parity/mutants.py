@@ -147,6 +147,7 @@ SELECTION.update({
 SELECTION.update({
     catalog.ZOO_PLAN: ["zoo_hf_plan-arch_llama-v125-fp32-zero0-gas2-tp2-cpu"],
     catalog.ZOO_VOCAB: ["zoo_vocab_parallel-arch_llama-v125-fp32-zero0-gas2-tp2-cpu"],
+    catalog.ZOO_TRANSFORMERS: ["zoo_transformers_tp-arch_llama-v125-fp32-gas2-tp2-cpu"],
 })
 SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],

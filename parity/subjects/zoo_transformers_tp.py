@@ -60,7 +60,9 @@ def _load(directory: str, dtype: torch.dtype, tp: int | None):
         from transformers.distributed import DistributedConfig
 
         kwargs["distributed_config"] = DistributedConfig(tp_plan="auto", tp_size=tp)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager", **kwargs)
+    # Eager attention and experts, as the zoo builds them: the float64 oracle's matmuls take no grouped_mm.
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager",
+                                                 experts_implementation="eager", **kwargs)
     if hasattr(model, "set_default_language") and getattr(model.config, "languages", None):
         model.set_default_language(model.config.default_language or model.config.languages[0])
     freeze_other_towers(model)
