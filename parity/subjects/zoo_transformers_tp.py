@@ -111,6 +111,7 @@ def layout(arch: str) -> dict:
     """Read off the built fp32 model: each parameter's style by the plan (a parameter's own entry, else its module's:
     transformers' _get_parameter_plan), the dim it is sharded along, its module's path, and the head and embedding."""
     model = zoo.build(arch)
+    freeze_other_towers(model)
     plan = hf_plan(model)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     modules = dict(model.named_modules())
@@ -120,7 +121,7 @@ def layout(arch: str) -> dict:
         module_path, _, leaf = name.rpartition(".")
         style = plan_style(plan, name) or plan_style(plan, module_path)
         params[name] = {"style": style, "dim": style_dim(style, leaf, p.dim()), "module": module_path,
-                        "canonical": canonical[id(p)] == name}
+                        "canonical": canonical[id(p)] == name, "trained": p.requires_grad}
     traits = zoo.traits(model)
     return {"params": params, "plan": plan, "head": zoo._module_path(model, head),
             "embedding": zoo._module_path(model, emb), "emb_class": type(emb).__name__,
@@ -148,6 +149,29 @@ def _view(t):
     if any(type(p).__name__ == "_StridedShard" for p in t.placements):
         return t.full_tensor()
     return t.to_local()
+
+
+class TrainedUpdate(driver.PlainUpdate):
+    """PlainUpdate over the parameters that require grad (as the reference's SGD); a frozen tower's weights are
+    recorded beside them, whole, at the start and after every step (the reference records every weight)."""
+
+    def __init__(self, model, dtype, lr, **hooks):
+        named = dict(model.named_parameters())
+        params = {n: p for n, p in named.items() if p.requires_grad}
+        super().__init__(model, params, PlainSGD(params, dtype, lr), **hooks)
+        self.frozen = {n: p for n, p in named.items() if not p.requires_grad}
+
+    def _record_frozen(self, step: int) -> None:
+        for name, p in self.frozen.items():
+            self.obs.record("weight", step, None, name, self.view(p))
+
+    def start(self, run) -> None:
+        super().start(run)
+        self._record_frozen(-1)
+
+    def end_step(self, step: int) -> None:
+        super().end_step(step)
+        self._record_frozen(step)
 
 
 class ZooTransformersTP(Subject):
@@ -223,9 +247,8 @@ class ZooTransformersTP(Subject):
         self.capture_head_input(model, captured)
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
         record_structure(obs, model, self.claims(values), module_type)
-        params = dict(model.named_parameters())
-        update = driver.PlainUpdate(model, params, PlainSGD(params, dtype, train.lr),
-                                    grad_of=lambda p: _as_param(p.grad, p), step_facts=_grad_placements)
+        update = TrainedUpdate(model, dtype, train.lr, grad_of=lambda p: _as_param(p.grad, p),
+                               step_facts=_grad_placements)
 
         def forward(batch, num_items):
             out = model(**model_inputs(model, batch))
@@ -243,7 +266,7 @@ class ZooTransformersTP(Subject):
         for name, p in info["params"].items():
             if p["dim"] == "strided":
                 continue  # compared gathered (_view); the suite has no formula for a strided layout
-            if p["canonical"]:
+            if p["canonical"] and p["trained"]:  # a frozen tower's weights are recorded whole, not trained
                 shards[name] = p["dim"]
             if name.endswith(".weight") and p["module"]:
                 cls = info["module_classes"][p["module"]]
