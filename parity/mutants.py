@@ -149,6 +149,7 @@ SELECTION.update({
     catalog.ZOO_VOCAB: ["zoo_vocab_parallel-arch_llama-v125-fp32-zero0-gas2-tp2-cpu"],
     catalog.ZOO_HEURISTIC: ["zoo_heuristic-arch_llama-v125-fp32-zero0-gas2-tp2-cpu-vplm_false"],
     catalog.ZOO_PRESET: ["zoo_preset-arch_llama-v125-fp32-zero0-gas2-tp2-cpu-vplm_false"],
+    catalog.ZOO_TRANSFORMERS: ["zoo_transformers_tp-arch_llama-v125-fp32-gas2-tp2-cpu"],
 })
 SELECTION.update({
     catalog.SPEC_REACH: ["spec_reach-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-reach_model_types_config"],

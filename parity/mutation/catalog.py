@@ -59,6 +59,9 @@ UC_COLUMN, UC_VOCAB, UC_ROW = "uc_column_gathered", "uc_vocab_parallel", "uc_row
 ZOO_PLAN, ZOO_VOCAB = "zoo_hf_plan", "zoo_vocab_parallel"
 # The same architectures through AutoTP's heuristic parser (plan removed) and through a preset_model.
 ZOO_HEURISTIC, ZOO_PRESET = "zoo_heuristic", "zoo_preset"
+# The same architectures through transformers' own tensor parallelism (parity/subjects/zoo_transformers_tp.py): its
+# rowwise layers and vocabulary-parallel embedding end in DTensor's Partial -> Replicate.
+ZOO_TRANSFORMERS = "zoo_transformers_tp"
 
 
 def families() -> tuple:
@@ -1357,7 +1360,7 @@ MUTANTS = [
            "DTensor's Partial -> Replicate keeps each rank's partial value (no all-reduce): row-parallel logits "
            "and a column head's input gradient stay partial sums",
            "torch.distributed.tensor.placement_types.Partial._reduce_value", "logits / head_input_grad",
-           (T_COLUMN, T_VOCAB, T_ROW), _partial_no_allreduce),
+           (T_COLUMN, T_VOCAB, T_ROW, ZOO_TRANSFORMERS), _partial_no_allreduce),
     Mutant("torch_loss_parallel_local_sumexp",
            "loss_parallel's _log_softmax drops the SUM all-reduce of the exp-sum: a local softmax denominator",
            "torch.distributed.tensor.parallel.loss._log_softmax", "loss", (T_VOCAB,), _loss_parallel_local_sumexp),
