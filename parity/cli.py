@@ -203,7 +203,7 @@ def run_cases(args, cases, settings) -> int:
                 from parity.report.memory import rss_line
 
                 print(rss_line(number, wall, runner.rank_pids()), flush=True)
-            if interrupted:
+            if interrupted or not_run:  # Ctrl-C, or --maxfail stopped this pass: no other pass
                 break
     except BaseException:
         # A second Ctrl-C while the first one's partial results were gathered (or any error): the
@@ -214,7 +214,8 @@ def run_cases(args, cases, settings) -> int:
         raise
     cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
     occupied = runner.occupancy()
-    runner.close(force=interrupted)
+    # Stopped by --maxfail, the ranks and jobs may be mid-case: killed, not waited for (-x returns at once).
+    runner.close(force=interrupted or bool(not_run))
     # The summary, report and profile are the last pass's (each pass runs the same cases).
     print(summary_table(verdicts, wall, not_run))
     report_timing = {} if args.profile else None
@@ -248,18 +249,21 @@ def run_pass(args, runner, cases, progress, stream=None) -> tuple[list, list, bo
 
     verdicts, not_run = [], []
     try:
-        for i, verdict in enumerate(runner.run_all(cases)):
+        # With --maxfail the runner stops itself at the decision (job processes count failures as they
+        # arrive, not in case order) and yields what it already has: those may skip cases.
+        for verdict in runner.run_all(cases, maxfail=args.maxfail):
             verdicts.append(verdict)
             if stream:
                 stream.add(verdict)
             progress.update(verdict)
-            failures = sum(v.status == FAILED for v in verdicts)
-            if args.maxfail and failures >= args.maxfail and i + 1 < len(cases):
-                why = f"not run: stopped after {failures} failed (--maxfail {args.maxfail})"
-                not_run = [{"id": c.id, "reason": why} for c in cases[i + 1:]]
-                break
+        failures = sum(v.status == FAILED for v in verdicts)
+        if args.maxfail and failures >= args.maxfail and len(verdicts) < len(cases):
+            why = f"not run: stopped after {failures} failed (--maxfail {args.maxfail})"
+            ran = {id(v.case) for v in verdicts}
+            not_run = [{"id": c.id, "reason": why} for c in cases if id(c) not in ran]
     except KeyboardInterrupt:
-        not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases[len(verdicts):]]
+        ran = {id(v.case) for v in verdicts}
+        not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases if id(c) not in ran]
         print(f"\ninterrupted: {len(verdicts)} of {len(cases)} cases ran", flush=True)
         return verdicts, not_run, True
     return verdicts, not_run, False
