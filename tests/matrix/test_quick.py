@@ -49,3 +49,13 @@ def test_a_dropped_killer_fails_loudly(current):
         row["case"] = "no_such_case-" + row["case"]
     with pytest.raises(quick.QuickError, match="none of its killers"):
         quick.compute(cases, gone)
+
+
+def test_pairs_fill_a_larger_budget_and_stop_at_it(current):
+    cases, kill, selection = current
+    cost, by_id = quick.cost_model(kill), {c.id: c for c in cases}
+    floor = sum(cost(by_id[cid]) for cid, _ in selection)
+    wider = quick.compute(cases, kill, budget=floor + 20)
+    assert {cid for cid, _ in selection} <= {cid for cid, _ in wider}
+    assert any(why.endswith("new axis-value pairs") for _, why in wider)
+    assert sum(cost(by_id[cid]) for cid, _ in wider) <= floor + 20
