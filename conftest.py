@@ -80,11 +80,21 @@ def pytest_collect_file(parent, file_path):
     return None
 
 
+def _quick_ids(config) -> frozenset:
+    """The ids of the committed quick selection (cases/quick.txt), read once: they get the `quick` marker."""
+    if _quick_key not in config.stash:
+        from parity.matrix.quick import QUICK_FILE, quick_ids
+
+        config.stash[_quick_key] = frozenset(quick_ids() if QUICK_FILE.exists() else ())
+    return config.stash[_quick_key]
+
+
 class CaseFile(pytest.File):
     def collect(self):
+        quick = _quick_ids(self.config)
         for case in load([self.path]):
             item = CaseItem.from_parent(self, name=case.id, case=case)
-            for marker in ("case",) + case.markers:
+            for marker in ("case",) + case.markers + (("quick",) if case.id in quick else ()):
                 item.add_marker(marker)
             yield item
 
@@ -130,6 +140,7 @@ class CaseItem(pytest.Item):
 
 
 _runner_key = pytest.StashKey()
+_quick_key = pytest.StashKey()
 _settings_key = pytest.StashKey()
 
 

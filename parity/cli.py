@@ -24,7 +24,13 @@ class UsageError(Exception):
 def cmd_list(args) -> int:
     from parity.matrix.cases import load, select
 
-    cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
+    if args.quick_update:
+        from parity.matrix.quick import QUICK_FILE, update
+
+        text = update()
+        print(f"wrote {QUICK_FILE}: {text.splitlines()[1].lstrip('# ')}")
+        return 0
+    cases = quick_narrowed(args, select(load(args.matrix), args.k, args.case, args.device, args.framework))
     if args.coverage:
         from parity.matrix.coverage import coverage_table
 
@@ -37,6 +43,18 @@ def cmd_list(args) -> int:
             print(c.id)
         print(f"{len(cases)} cases", file=sys.stderr)
     return 0
+
+
+def quick_narrowed(args, cases) -> list:
+    """--quick: only the cases of the committed quick selection (cases/quick.txt, parity/matrix/quick.py)."""
+    if not args.quick:
+        return cases
+    from parity.matrix.quick import QuickError, only_quick
+
+    try:
+        return only_quick(cases)
+    except QuickError as exc:
+        raise UsageError(f"--quick: {exc}") from None
 
 
 def rerun_ids(directory: str, strict: bool) -> list[str]:
@@ -119,7 +137,7 @@ def cmd_run(args) -> int:
         from parity.torchrun_launch import cmd_run_torchrun
 
         return cmd_run_torchrun(args, settings)
-    cases = select(load(args.matrix), args.k, args.case, args.device, args.framework)
+    cases = quick_narrowed(args, select(load(args.matrix), args.k, args.case, args.device, args.framework))
     if not cases:
         raise UsageError("no cases selected")
     seeds = seed_list(args.seed, args.seeds)
@@ -185,7 +203,7 @@ def run_cases(args, cases, settings) -> int:
                 from parity.report.memory import rss_line
 
                 print(rss_line(number, wall, runner.rank_pids()), flush=True)
-            if interrupted:
+            if interrupted or not_run:  # Ctrl-C, or --maxfail stopped this pass: no other pass
                 break
     except BaseException:
         # A second Ctrl-C while the first one's partial results were gathered (or any error): the
@@ -196,7 +214,8 @@ def run_cases(args, cases, settings) -> int:
         raise
     cache_stats = runner.reference_cache_stats()  # its jobs' counts go with them
     occupied = runner.occupancy()
-    runner.close(force=interrupted)
+    # Stopped by --maxfail, the ranks and jobs may be mid-case: killed, not waited for (-x returns at once).
+    runner.close(force=interrupted or bool(not_run))
     # The summary, report and profile are the last pass's (each pass runs the same cases).
     print(summary_table(verdicts, wall, not_run))
     report_timing = {} if args.profile else None
@@ -279,18 +298,21 @@ def run_pass(args, runner, cases, progress, stream=None) -> tuple[list, list, bo
 
     verdicts, not_run = [], []
     try:
-        for i, verdict in enumerate(runner.run_all(cases)):
+        # With --maxfail the runner stops itself at the decision (job processes count failures as they
+        # arrive, not in case order) and yields what it already has: those may skip cases.
+        for verdict in runner.run_all(cases, maxfail=args.maxfail):
             verdicts.append(verdict)
             if stream:
                 stream.add(verdict)
             progress.update(verdict)
-            failures = sum(v.status == FAILED for v in verdicts)
-            if args.maxfail and failures >= args.maxfail and i + 1 < len(cases):
-                why = f"not run: stopped after {failures} failed (--maxfail {args.maxfail})"
-                not_run = [{"id": c.id, "reason": why} for c in cases[i + 1:]]
-                break
+        failures = sum(v.status == FAILED for v in verdicts)
+        if args.maxfail and failures >= args.maxfail and len(verdicts) < len(cases):
+            why = f"not run: stopped after {failures} failed (--maxfail {args.maxfail})"
+            ran = {id(v.case) for v in verdicts}
+            not_run = [{"id": c.id, "reason": why} for c in cases if id(c) not in ran]
     except KeyboardInterrupt:
-        not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases[len(verdicts):]]
+        ran = {id(v.case) for v in verdicts}
+        not_run = [{"id": c.id, "reason": "not run: interrupted (Ctrl-C)"} for c in cases if id(c) not in ran]
         print(f"\ninterrupted: {len(verdicts)} of {len(cases)} cases ran", flush=True)
         return verdicts, not_run, True
     return verdicts, not_run, False
@@ -342,9 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", choices=("cpu", "cuda"), help="only cases on this device")
         p.add_argument("--framework", metavar="NAME",
                        help="only cases of this framework's subjects (deepspeed, liger, torch, megatron)")
+        p.add_argument("--quick", action="store_true",
+                       help="only the quick selection (cases/quick.txt: every mutant's cheapest killer, every "
+                            "subject, axis value and finding, axis-value pairs within a time budget)")
     sub.choices["list"].add_argument("--json", action="store_true", help="print each case's definition as JSON")
     sub.choices["list"].add_argument("--coverage", action="store_true",
                                      help="print the subject x axis coverage table (markdown, as in docs/subjects.md)")
+    sub.choices["list"].add_argument("--quick-update", action="store_true",
+                                     help="recompute the quick selection from the case files, the findings and "
+                                          "results/mutation/kill_matrix.json into cases/quick.txt")
     run = sub.choices["run"]
     run.add_argument("--report", metavar="DIR", help="write DIR/summary.json, results.jsonl, summary.md, report.html")
     run.add_argument("--strict", action="store_true", help="a skip is a failure (also PARITY_STRICT=1)")

@@ -41,6 +41,9 @@ RUN_FIELDS = {f.name for f in dataclasses.fields(RunSettings)}
 LOOKAHEAD = 64
 # Seconds a job gets to leave after being told to (it closes its rank groups first).
 JOB_CLOSE_S = 20.0
+# Seconds a job told to stop at once (SIGTERM: Ctrl-C, -x) gets to kill its ranks and leave before it is killed;
+# its ranks die with it (rank_worker.die_with_parent).
+JOB_KILL_S = 3.0
 
 
 def job_runner(jobs: int, settings: RunSettings | None = None, **runner_settings):
@@ -212,24 +215,35 @@ class JobProcesses:
             job.answers.update(news)
         job.tasks.put(batch)
 
-    def run_all(self, cases):
-        """Yield every case's verdict, in the cases' order."""
+    def run_all(self, cases, maxfail: int | None = None):
+        """Yield every case's verdict, in the cases' order. maxfail (-x, --maxfail): once that many cases
+        have failed, counted as their verdicts arrive and not in case order (a failure behind a slow case
+        must not wait for it), yield the verdicts already here, in order, and stop; the batches still out
+        are abandoned (the caller closes the jobs with force). The cases then go out in case order, so
+        the failures a run in order meets first come first."""
         if any(not job.idle for job in self.pool):
             raise RuntimeError("run_all: the previous run_all was not finished")
         if not cases:
             return
         self._start(cases)
-        pending = deque(dispatch_order(batches(cases)))
+        pending = deque(batches(cases) if maxfail else dispatch_order(batches(cases)))
         done: dict = {}
-        following = 0
+        following = failed = 0
         while following < len(cases):
             self._dispatch(pending, done)
             self._collect(done)
             while following in done:
                 verdict = done.pop(following)
                 verdict.case = cases[following]  # the caller's own object, not a copy
+                failed += verdict.status == FAILED
                 yield verdict
                 following += 1
+            if maxfail and failed + sum(v.status == FAILED for v in done.values()) >= maxfail:
+                for index in sorted(done):
+                    verdict = done.pop(index)
+                    verdict.case = cases[index]
+                    yield verdict
+                return
 
     def _dispatch(self, pending: deque, done: dict) -> None:
         """Send batches to idle jobs while the cores have room. The first batch that fits goes,
@@ -314,13 +328,14 @@ class JobProcesses:
         return total
 
     def close(self, force: bool = False) -> None:
+        """force: the jobs may be mid-batch (Ctrl-C, -x): SIGTERM, and SIGKILL after JOB_KILL_S."""
         for job in self.pool:
             if force:
                 job.proc.terminate()  # SIGTERM: it closes its ranks and leaves
                 job.tasks.cancel_join_thread()
             else:
                 job.tasks.put(None)
-        deadline = time.monotonic() + JOB_CLOSE_S
+        deadline = time.monotonic() + (JOB_KILL_S if force else JOB_CLOSE_S)
         for job in self.pool:
             job.proc.join(timeout=max(0.1, deadline - time.monotonic()))
             if job.proc.is_alive():

@@ -220,8 +220,12 @@ class RankPool:
         self.store = None
 
     # -- running a case ----------------------------------------------------------------------
-    def run(self, subject: str, values: dict, timeout_s: float) -> PoolOutcome:
+    def run(self, subject: str, values: dict, timeout_s: float, cancelled=None) -> PoolOutcome:
+        """cancelled: a callable, true once the caller no longer wants this case (its runner closed while
+        the case was on its way here): the group is not started for it and the wait ends within 0.2 s."""
         start_s = 0.0
+        if cancelled is not None and cancelled():
+            return PoolOutcome(broken=True)
         if not self.alive:
             begun = time.monotonic()
             self.close(force=True)
@@ -243,7 +247,7 @@ class RankPool:
             try:
                 kind, rank, seq, payload, stamp = self.results.get(timeout=0.2)
             except queue.Empty:
-                if not self.procs:  # closed meanwhile (Ctrl-C, or the run stopped): nothing will answer
+                if not self.procs or (cancelled is not None and cancelled()):  # closed meanwhile (Ctrl-C, -x)
                     outcome.broken = True
                     return outcome
                 now = time.monotonic()

@@ -86,6 +86,10 @@ class Runner:
         self.reference_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-reference")
         self.judge_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-judge")
         self.rank_thread = None  # made by run_all when pipelining
+        # Counts close() calls: a case the rank thread took up before a close (Ctrl-C, -x) and reaches its group
+        # after it must not start a new group and run there for its whole timeout (the process's exit waits
+        # for that thread): it sees the count moved and stops (_run_ranks).
+        self.generation = 0
 
     def pool(self, world_size: int, device: str) -> RankPool:
         """The rank group for this world size and device; self.pools is kept least recently used first."""
@@ -106,6 +110,7 @@ class Runner:
 
     def close(self, force: bool = False) -> None:
         """force: kill the ranks at once (after Ctrl-C they may be inside a case and never read a stop)."""
+        self.generation += 1
         pools, self.pools = list(self.pools.values()), {}  # the rank thread may be making one
         for p in pools:
             p.close(force=force)
@@ -138,23 +143,33 @@ class Runner:
     def run(self, case: Case) -> Verdict:
         return self._verdict(case, self._start(case, inline=True))
 
-    def run_all(self, cases):
+    def run_all(self, cases, maxfail: int | None = None):
         """Yield every case's verdict, in the cases' order, one at a time. With pipeline, the ranks
         run a case (in the rank thread) while the case before it is judged (in the judge thread),
         and a verdict is yielded as soon as it is judged: progress and Ctrl-C see it while the
-        next case runs. Several at once are job processes, each a Runner
+        next case runs. maxfail: stop after that many failed (the case under way is abandoned: the
+        caller closes with force). Several at once are job processes, each a Runner
         (parity.harness.job_processes.job_runner)."""
+        failed = 0
         if not self.pipeline:
             for case in cases:
-                yield self.run(case)
+                verdict = self.run(case)
+                failed += verdict.status == FAILED
+                yield verdict
+                if maxfail and failed >= maxfail:
+                    return
             return
         if self.rank_thread is None:
             self.rank_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-ranks")
         judging = None
         for case in cases:
-            ranked = self.rank_thread.submit(self._start, case, False)
+            ranked = self.rank_thread.submit(self._start, case, False, self.generation)
             if judging is not None:
-                yield self._verdict(*judging)
+                verdict = self._verdict(*judging)
+                failed += verdict.status == FAILED
+                yield verdict
+                if maxfail and failed >= maxfail:
+                    return
             judging = (case, ranked.result())
         if judging is not None:
             yield self._verdict(*judging)
@@ -172,9 +187,10 @@ class Runner:
         verdict.timing = close_case(timing, verdict.seconds)
         return verdict
 
-    def _start(self, case: Case, inline: bool):
+    def _start(self, case: Case, inline: bool, generation: int | None = None):
         """Run the case's ranks here (they are what the cores are for), then judge it in the judge
-        thread, or here when inline; returns what _verdict needs."""
+        thread, or here when inline; returns what _verdict needs. generation: self.generation when the
+        case was handed to the rank thread (None: now)."""
         began, timing = time.monotonic(), {}
 
         def done(verdict: Verdict) -> Verdict:
@@ -182,7 +198,7 @@ class Runner:
             return verdict
 
         try:
-            ranked = self._run_ranks(case, timing)
+            ranked = self._run_ranks(case, timing, self.generation if generation is None else generation)
         except Exception:  # noqa: BLE001
             ranked = Verdict(case, FAILED, reason=f"harness error:\n{traceback.format_exc()}")
         if isinstance(ranked, Verdict):
@@ -195,13 +211,20 @@ class Runner:
 
         return (_inline(judged) if inline else self.judge_thread.submit(judged)), began, timing
 
-    def _run_ranks(self, case: Case, timing: dict):
+    def _run_ranks(self, case: Case, timing: dict, generation: int):
         """The case's PoolOutcome, the group's mode and the reference under way; or its Verdict
-        when no rank runs it (a skip, a group that failed to start)."""
+        when no rank runs it (a skip, a group that failed to start, the runner closed meanwhile)."""
         skipped = skip_verdict(case, self.strict)
         if skipped:
             return skipped
-        pool = self.pool(case.world_size, case.values.optional("device", "cpu"))
+
+        def closed() -> bool:
+            return generation != self.generation
+
+        if closed():
+            return Verdict(case, FAILED, reason="harness: not run, the runner was closed before its ranks ran")
+        key = (case.world_size, case.values.optional("device", "cpu"))
+        pool = self.pool(*key)
         # The reference is computed while the ranks run the case: it depends on the case alone,
         # and a reference that raises raises again where the judge asks for it, as it did inline.
         reference = None
@@ -209,9 +232,14 @@ class Runner:
             reference = self.reference_thread.submit(timed_reference_pair, SUBJECTS[case.subject], case.values,
                                                      self.references)
         try:
-            outcome = pool.run(case.subject, case.values, self.timeout_s)
+            outcome = pool.run(case.subject, case.values, self.timeout_s, cancelled=closed)
         except PoolStartError as exc:
             return Verdict(case, FAILED, reason=str(exc))
+        finally:
+            if closed():  # a group made or kept for this case after the close: nobody else will close it
+                if self.pools.get(key) is pool:
+                    del self.pools[key]
+                pool.close(force=True)
         timing.update(outcome.timing)
         return outcome, pool.mode, reference
 

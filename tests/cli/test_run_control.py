@@ -146,3 +146,24 @@ def test_subject_module_from_the_current_directory_as_the_console_script_runs(tm
     assert missing.returncode == 2
     assert missing.stderr.strip() == (f"parity: PARITY_SUBJECT_MODULES: cannot import 'not_here' (looked on sys.path "
                                       f"and in {tmp_path}): No module named 'not_here'")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])  # one Runner here, or job processes holding the cases
+def test_exitfirst_exits_within_seconds_of_the_failure(jobs):
+    """-x decided, the case under way beside it (here one that hangs for the whole --timeout) is killed, not
+    waited for: before, a Runner's groups were closed politely (10 s a rank) and a job finished its batch
+    (up to 20 s) before the run could exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "parity.cli", "run", "--matrix", FAULTY, "--case", FAILS,
+                             "--case", HANGS, "--case", PASSES, "--timeout", "200", "-x", "-j", jobs],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, failed_at = [], None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[1/3]") and failed_at is None:
+            failed_at = time.monotonic()
+    proc.wait(timeout=200)
+    out = "".join(lines)
+    assert failed_at is not None, out
+    assert proc.returncode == 1, out
+    assert "0 passed, 1 failed, 0 skipped, 2 not run" in out, out
+    assert time.monotonic() - failed_at < 10, f"exited {time.monotonic() - failed_at:.1f} s after the failure:\n{out}"

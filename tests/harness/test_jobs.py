@@ -197,3 +197,26 @@ def test_a_batch_waits_for_the_probe_it_needs_and_the_others_do_not():
     assert not pending
     assert sent[-2] == (2, {"cuda": "no", "triton_interpreter": None}) and sent[-1][1][0][0] == 0
     assert jobs.settings["capabilities"]["triton_interpreter"] is None and not jobs.probing
+
+
+def test_maxfail_stops_on_a_failure_behind_a_slow_case():
+    """Job processes count failures as their verdicts arrive: a failure that finishes while an earlier case
+    still runs (here one that hangs for the whole timeout) stops the run then, not when the hung case ends."""
+    from pathlib import Path
+
+    from parity.checks.verdict import FAILED
+    from parity.harness.job_processes import JobProcesses
+
+    # tests/conftest.py registered the faulty subjects, here and in every process started later
+    by_id = {c.id: c for c in load([Path(__file__).resolve().parents[1] / "cases" / "faulty.toml"])}
+    hangs = by_id["faulty_hangs_on_rank0-fp32-mean-v34-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"]
+    fails = by_id["faulty_always_rejects-fp32-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"]
+    jobs = JobProcesses(2, {}, cores=4, settings=run_settings(timeout_s=900))
+    start = time.monotonic()
+    try:
+        verdicts = list(jobs.run_all([hangs, fails], maxfail=1))
+    finally:
+        jobs.close(force=True)
+    assert [(v.case.id, v.status) for v in verdicts] == [(fails.id, FAILED)]
+    # a few seconds on a quiet machine; the bound is the hung case's timeout, so a loaded one passes too
+    assert time.monotonic() - start < 600, "waited for the hung case"
