@@ -46,8 +46,8 @@ def add_arguments(parser) -> None:
 # norm is a function of the gradient.
 # The optimizer-side stage checks count for the stage output they judge (copy_back, bitwise, for none).
 DERIVED_CHECKS = {"sgd_update": ("weight", "weight_grad"), "grad_norm": ("weight_grad",),
-                  "grad_accum": ("accumulated_grad",), "dp_reduce": ("reduced_grad",), "unscale_clip": ("applied_grad",),
-                  "opt_step": ("master_weight",), "copy_back": ()}
+                  "grad_accum": ("accumulated_grad",), "dp_reduce": ("reduced_grad",),
+                  "unscale_clip": ("applied_grad",), "opt_step": ("master_weight",), "copy_back": ()}
 
 
 def belongs(check_name: str, observable: str) -> bool:

@@ -1273,6 +1273,12 @@ def _uc_moments_zeroed():
     return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
 
 
+# The column selection's bf16 ZeRO 0 case: FP16_UnfusedOptimizer, the one its planted step bugs reach.
+UNFUSED_BF16_CASE = "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
+# BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32, immediate_grad_update), clipped at 1: its accumulation, norm, clip.
+BF16_OPTIMIZER_CASE = ("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-"
+                       "gacc_fp32-igu")
+
 MUTANTS = [
     Mutant("partition_row_moved",
            "TensorParallel_Layer._freeze_partition_sizes moves one row of the split from TP rank 0 to rank 1: the "
@@ -1543,29 +1549,29 @@ MUTANTS = [
            "FP16_UnfusedOptimizer.step (ZeRO 0, bf16) keeps the float32 master's update rounded to bf16: the master "
            "moves by a bf16 increment, one bf16 rounding of lr g",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "opt_step[...][stage]",
-           (COLUMN,), lambda: _unfused_master_in_model_dtype("increment"), cases=("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",)),
+           (COLUMN,), lambda: _unfused_master_in_model_dtype("increment"), cases=(UNFUSED_BF16_CASE,)),
     Mutant("unfused_copy_back_truncated",
            "FP16_UnfusedOptimizer.step (ZeRO 0, bf16) copies the float32 master to the bf16 weight by truncation: "
            "half the entries one bf16 unit toward zero",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "copy_back[...][stage]",
-           (COLUMN,), lambda: _unfused_master_in_model_dtype("copy_back"), cases=("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",)),
+           (COLUMN,), lambda: _unfused_master_in_model_dtype("copy_back"), cases=(UNFUSED_BF16_CASE,)),
     Mutant("bf16_optimizer_clip_coefficient_in_bf16",
            "BF16_Optimizer.step (bf16, grad_accum_dtype fp32) clips its float32 gradients by a coefficient rounded to "
            "bf16: one bf16 rounding of max_norm / (norm + eps)",
            "deepspeed.runtime.utils.clip_tensors_by_global_norm (as bf16_optimizer calls it)",
            "unscale_clip[...][stage] (clipped cases)", (COLUMN,), _bf16_clip_coefficient_in_bf16,
-           cases=("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-gacc_fp32-igu",)),
+           cases=(BF16_OPTIMIZER_CASE,)),
     Mutant("bf16_optimizer_accumulates_in_bf16",
            "BF16_Optimizer._update_hp_grad (bf16, grad_accum_dtype fp32) rounds the float32 gradient it accumulates "
            "micro-batches into to bf16 after each add: one bf16 rounding of the step gradient at gas 2",
            "deepspeed.runtime.bf16_optimizer.BF16_Optimizer._update_hp_grad", "grad_accum[...][stage] (gas 2)",
            (COLUMN,), _bf16_hp_grad_in_bf16,
-           cases=("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-gacc_fp32-igu",)),
+           cases=(BF16_OPTIMIZER_CASE,)),
     Mutant("bf16_optimizer_grad_norm_in_bf16",
            "BF16_Optimizer.step (bf16, grad_accum_dtype fp32) takes the global gradient norm rounded to bf16 (reports "
            "it and clips by it)", "deepspeed.runtime.utils.get_global_norm_of_tensors (as bf16_optimizer calls it)",
            "grad_norm[stage] (clipped cases)", (COLUMN,), _bf16_norm_in_bf16,
-           cases=("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-gacc_fp32-igu",)),
+           cases=(BF16_OPTIMIZER_CASE,)),
     # fp16 dynamic loss scaling only (cases/deepspeed_loss_scale.toml): a static scale never overflows.
     Mutant("loss_scaler_ignores_hysteresis",
            "DynamicLossScaler.update_scale (ZeRO 1-3) halves the scale at every overflow: fp16.hysteresis parsed and "

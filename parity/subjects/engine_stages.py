@@ -66,7 +66,8 @@ def _step_inputs(wrapper, inner, params: dict, zero: int) -> dict:
     if wrapper is inner:
         return {name: (p.grad, p.data) for name, p in params.items()}
     if zero == 0 and hasattr(wrapper, "fp32_groups") and hasattr(wrapper, "fp16_groups"):
-        master = {id(p): m for lows, highs in zip(wrapper.fp16_groups, wrapper.fp32_groups) for p, m in zip(lows, highs)}
+        master = {id(p): m for lows, highs in zip(wrapper.fp16_groups, wrapper.fp32_groups)
+                  for p, m in zip(lows, highs)}
         return {name: (master[id(p)].grad, master[id(p)].data) for name, p in params.items() if id(p) in master}
     return {name: _full_hp(p, inner) for name, p in params.items() if hasattr(p, "_hp_mapping")}
 
