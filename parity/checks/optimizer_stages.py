@@ -24,9 +24,12 @@ from parity.observe.dtypes import DTYPES
 
 
 def accumulation_dtype(values) -> str:
-    """The dtype the configuration accumulates micro-batch gradients in: data_types.grad_accum_dtype fp32 or an fp32
-    model, float32; else the model dtype (autograd's p.grad)."""
-    return "fp32" if values["dtype"] == "fp32" or values.optional("grad_accum", "model") == "fp32" else values["dtype"]
+    """The dtype the configuration accumulates micro-batch gradients in: an fp32 model, or data_types.grad_accum_dtype
+    fp32 without bf16_master_weights_and_grads (bf16 gradients), float32; else the model dtype (autograd's p.grad)."""
+    if values["dtype"] == "fp32" or (values.optional("grad_accum", "model") == "fp32"
+                                     and not values.optional("bf16_master", False)):
+        return "fp32"
+    return values["dtype"]
 
 
 def _held(name, got, want, bound, **where) -> dict:
@@ -87,7 +90,8 @@ def optimizer_stage_checks(c) -> list[dict]:
                 applied, start = o.get_stage("opt_grad", step, None, name), o.get_stage("opt_start", step, None, name)
                 if applied is not None and grad is not None:
                     check = _held(f"unscale_clip[{name}][stage]", applied, grad * coefficient,
-                                  clip_stage_bound(grad, coefficient, norm_error, clipped=norm is not None), **where)
+                                  clip_stage_bound(grad, coefficient, norm_error, norm is not None,
+                                                   o.facts["stage_records"][("opt_grad", step, None, name)][1]), **where)
                     if not check["passed"] and applied.shape == grad.shape:
                         with np.errstate(divide="ignore", invalid="ignore"):
                             seen = np.nanmedian(np.where(grad != 0, applied / grad, np.nan))
@@ -95,9 +99,12 @@ def optimizer_stage_checks(c) -> list[dict]:
                     out.append(check)
                 master = o.get("master_weight", step, None, name)
                 weight = o.get("weight", step, None, name)
-                if applied is not None and start is not None:
-                    step_dtype = o.facts["stage_records"][("opt_start", step, None, name)][1]
-                    new = master if master is not None else weight
+                step_dtype = None if start is None else o.facts["stage_records"][("opt_start", step, None, name)][1]
+                # The step's output: the master it updated, else the weight where the step ran in the weight's dtype
+                # (a float32 master the subject does not record is not the bf16 weight: copy_back's, unjudged).
+                new = master if master is not None else (
+                    weight if o.dtypes.get(("weight", step, None, name)) == step_dtype else None)
+                if applied is not None and start is not None and new is not None:
                     update = train.lr * applied
                     out.append(_held(f"opt_step[{name}][stage]", new, start - update,
                                      step_stage_bound(start - update, update, step_dtype), **where))

@@ -512,14 +512,16 @@ def norm_stage_bound(norm: float, entries: int) -> float:
     return clip_coefficient_error(False, entries) * norm
 
 
-def clip_stage_bound(grad: np.ndarray, coefficient: float, norm_error: float, clipped: bool) -> np.ndarray:
+def clip_stage_bound(grad: np.ndarray, coefficient: float, norm_error: float, clipped: bool,
+                     dtype_name: str = "float32") -> np.ndarray:
     """Per entry, the applied gradient's distance from the held one times ``coefficient`` (float64, from the norm
     the rank reports, else from the held gradients' norm, of relative error ``norm_error`` against the subject's):
-    that error, and four float32 roundings: the coefficient's own arithmetic on a float32 norm (clip's cast, the eps
-    add, the division) and the multiply. Unclipped: exact (a power-of-two unscale)."""
+    that error, and four roundings in the applied gradient's dtype (float32, or bf16 gradients): the coefficient's
+    own arithmetic on the norm (clip's cast, the eps add, the division) and the multiply. Unclipped: exact (a
+    power-of-two unscale)."""
     if not clipped:
         return np.zeros_like(grad)
-    return np.abs(grad) * coefficient * (norm_error + 4 * unit_roundoff("fp32"))
+    return np.abs(grad) * coefficient * (norm_error + 4 * unit_roundoff(getattr(torch, dtype_name)))
 
 
 def step_stage_bound(new: np.ndarray, update: np.ndarray, dtype_name: str) -> np.ndarray:

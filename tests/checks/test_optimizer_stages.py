@@ -56,8 +56,8 @@ def test_clip_coefficient_rounded_to_bf16_fails():
     g = torch.randn(4000, generator=_rng(6)).to(torch.bfloat16).float()
     coefficient = 0.0123456789
     want = g.double().numpy() * coefficient
-    bound = clip_stage_bound(g.double().numpy(), coefficient, 0.0, clipped=True)
+    bound = clip_stage_bound(g.double().numpy(), coefficient, 0.0, True)
     assert _passes((g * torch.tensor(coefficient, dtype=torch.float32)).double().numpy(), want, bound)
     rounded = torch.tensor(coefficient).to(torch.bfloat16).float()
     assert not _passes((g * rounded).double().numpy(), want, bound)
-    assert not np.any(clip_stage_bound(g.double().numpy(), 1.0, 0.0, clipped=False))
+    assert not np.any(clip_stage_bound(g.double().numpy(), 1.0, 0.0, False))
