@@ -91,7 +91,8 @@ def optimizer_stage_checks(c) -> list[dict]:
                 if applied is not None and grad is not None:
                     check = _held(f"unscale_clip[{name}][stage]", applied, grad * coefficient,
                                   clip_stage_bound(grad, coefficient, norm_error, norm is not None,
-                                                   o.facts["stage_records"][("opt_grad", step, None, name)][1]), **where)
+                                                   o.facts["stage_records"][("opt_grad", step, None, name)][1],
+                                                   o.dtypes.get(("grad", step, None, name))), **where)
                     if not check["passed"] and applied.shape == grad.shape:
                         with np.errstate(divide="ignore", invalid="ignore"):
                             seen = np.nanmedian(np.where(grad != 0, applied / grad, np.nan))

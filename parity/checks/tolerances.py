@@ -513,15 +513,17 @@ def norm_stage_bound(norm: float, entries: int) -> float:
 
 
 def clip_stage_bound(grad: np.ndarray, coefficient: float, norm_error: float, clipped: bool,
-                     dtype_name: str = "float32") -> np.ndarray:
+                     dtype_name: str = "float32", held_dtype: str | None = None) -> np.ndarray:
     """Per entry, the applied gradient's distance from the held one times ``coefficient`` (float64, from the norm
     the rank reports, else from the held gradients' norm, of relative error ``norm_error`` against the subject's):
     that error, and four roundings in the applied gradient's dtype (float32, or bf16 gradients): the coefficient's
     own arithmetic on the norm (clip's cast, the eps add, the division) and the multiply. Unclipped: exact (a
-    power-of-two unscale)."""
-    if not clipped:
-        return np.zeros_like(grad)
-    return np.abs(grad) * coefficient * (norm_error + 4 * unit_roundoff(getattr(torch, dtype_name)))
+    power-of-two unscale), but for the cast where the step applies a coarser dtype than the gradient held (bf16 master
+    gradients from a float32 accumulation): one rounding of |g| coefficient in it."""
+    u = unit_roundoff(getattr(torch, dtype_name))
+    held = unit_roundoff(getattr(torch, held_dtype)) if held_dtype else u
+    cast = u if u > held else 0.0
+    return np.abs(grad) * coefficient * ((norm_error + 4 * u if clipped else 0.0) + cast)
 
 
 def step_stage_bound(new: np.ndarray, update: np.ndarray, dtype_name: str) -> np.ndarray:

@@ -80,7 +80,8 @@ def _full_hp(p, inner):
     from deepspeed import comm as dist
 
     mapping = p._hp_mapping
-    full = torch.zeros(2, p.numel(), dtype=torch.float32, device=p.device)
+    dtype = inner.param_groups[0]["params"][0].dtype  # the partition's: float32, or bf16 masters
+    full = torch.zeros(2, p.numel(), dtype=dtype, device=p.device)
     if mapping is None:  # no fragment on this data-parallel rank: it adds zeros, as get_full_hp_param does
         dist.all_reduce(full, group=p._dp_group)
         return full[0].reshape(p.shape), full[1].reshape(p.shape)
