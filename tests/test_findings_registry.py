@@ -111,3 +111,19 @@ def test_parity_findings_issue_is_an_upstream_report(capsys):
     out = capsys.readouterr().out
     assert "python ci/repro/megatron_label_smoothing_one_entry_shard.py" in out and "## Suggested fix" in out
     assert main(["findings", "--issue", "nope"]) == 2
+
+
+def test_a_stuck_reproducer_reads_changed_and_the_check_goes_on(tmp_path, monkeypatch):
+    """A reproducer past its time is killed with what it started and reported as an error; the others still run."""
+    from parity.report import findings as report
+
+    stuck, present = tmp_path / "stuck.py", tmp_path / "present.py"
+    stuck.write_text("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+                     "time.sleep(600)'])\ntime.sleep(600)\n")
+    present.write_text("raise SystemExit(1)\n")
+    monkeypatch.setattr(report, "REPRODUCER_TIMEOUT_S", 3)
+    registry = {"a": {"reproducers": [str(stuck)]}, "b": {"reproducers": [str(present)]}}
+    found = {f["id"]: f for f in report.check(registry, ["a", "b"], [])}
+    assert found["a"]["status"] == "changed"
+    assert found["a"]["reproducers"][str(stuck)].startswith("error (still running after 3 s")
+    assert found["b"]["status"] == "present"

@@ -107,11 +107,15 @@ def issue(finding: dict, cases: int) -> str:
         + (f" (marks: {', '.join(finding['marks'])})." if finding["marks"] else ".")]) + "\n"
 
 
+REPRODUCER_TIMEOUT_S = 900  # a reproducer takes seconds to minutes; past this it is stuck
+
+
 def check(registry: dict, ids: list, cases) -> list[dict]:
     """Each finding against the installed libraries: its reproducers (exit 1 while the bug is there, 0 once fixed)
     and the cases of the default matrix marked with it (each reads it present or fixed). present: every reproducer
     and case still shows it; fixed: none does; changed: anything else (a reproducer erring, a mixed outcome)."""
     import os
+    import signal
     import subprocess
     import tempfile
 
@@ -127,9 +131,16 @@ def check(registry: dict, ids: list, cases) -> list[dict]:
             summary = json.loads((Path(tmp) / "summary.json").read_text())
             statuses = {c["id"]: c.get("findings") or {} for c in summary["cases"] if c["verdict"] != "skipped"}
     def reproduce(path):
-        done = subprocess.run([sys.executable, path], cwd=CASES_DIR.parent, capture_output=True, text=True,
-                              timeout=900)
-        return {1: "present", 0: "fixed"}.get(done.returncode, f"error (exit {done.returncode})")
+        # Its own session, so that a timeout kills the reproducer's ranks too, not only the script.
+        proc = subprocess.Popen([sys.executable, path], cwd=CASES_DIR.parent, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=REPRODUCER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return f"error (still running after {REPRODUCER_TIMEOUT_S} s: killed)"
+        return {1: "present", 0: "fixed"}.get(code, f"error (exit {code})")
 
     # Reproducers start 1 to 4 rank processes each: a few at a time where the cores allow.
     from concurrent.futures import ThreadPoolExecutor
