@@ -376,10 +376,10 @@ class DeepSpeedRejection(DeepSpeedSubject):
                 config["tensor_parallel"].setdefault("tp", {})["tp_group"] = user_tp
             else:
                 # A Megatron-style mpu over the user's strided layout; tensor_model_* alias model_*.
-                model = {"group": user_tp, "world_size": tp, "rank": ctx.rank // variant.dp}
-                data = {"group": user_dp, "world_size": variant.dp, "rank": ctx.rank % variant.dp}
+                tp_answers = {"group": user_tp, "world_size": tp, "rank": ctx.rank // variant.dp}
+                dp_answers = {"group": user_dp, "world_size": variant.dp, "rank": ctx.rank % variant.dp}
                 mpu = user_mpu(**{f"{kind}_parallel_{key}": value for kind, answers in
-                                  (("model", model), ("tensor_model", model), ("data", data))
+                                  (("model", tp_answers), ("tensor_model", tp_answers), ("data", dp_answers))
                                   for key, value in answers.items()})
         try:
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=mpu,
