@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import os
 import re
+import types
 from importlib.util import find_spec
 
 import torch
@@ -313,6 +314,11 @@ def exclude_engine_reduction(engine) -> None:
         hooks[handle.id] = paused_hook
     collectives.ignore_group(getattr(engine, "data_parallel_group", None))
     collectives.ignore_group(groups._DATA_PARALLEL_GROUP)
+
+
+def user_mpu(**answers):
+    """A Megatron-style mpu as a user hands one to DeepSpeed: ``get_<key>()`` returns ``answers[key]``."""
+    return types.SimpleNamespace(**{f"get_{key}": (lambda value=value: value) for key, value in answers.items()})
 
 
 def engine_dtype_requirements(values: dict) -> list[str]:

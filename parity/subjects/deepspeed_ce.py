@@ -49,6 +49,15 @@ def sequence_group(ctx, values):
     return sp_group(ctx, values["tp"], values["sp"]) if values["sp"] > 1 else None
 
 
+def backend_recorded(obs, call, *args, triton: bool = False, **kwargs):
+    """``call(*args, **kwargs)``, the CE backends it ran into obs.facts["loss_backend"]; triton: claimed_triton."""
+    log: list = []
+    with claimed_triton(triton), record_loss_backend(log):
+        loss = call(*args, **kwargs)
+    obs.facts["loss_backend"] = {(0, 0): log}
+    return loss
+
+
 class DeepSpeedVocabParallelCE(LogitsCE):
     """With ``sp`` > 1 (TP x SP: each rank holds its vocabulary shard of its sequence chunk) the call gets the
     SP group and ``gather_sequence_loss`` (the ``seq_gather`` axis). What a user must get is the loss over the
@@ -139,11 +148,7 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
                                                vocab_end_index=part.stop, ignore_index=self.ignore_index(values),
                                                reduction=values["reduction"], gather_sequence_loss=False,
                                                backend=values["backend"])
-        log: list = []
-        with claimed_triton(values["triton"] == "claimed"), record_loss_backend(log):
-            loss = module(local, targets)
-        obs.facts["loss_backend"] = {(0, 0): log}
-        return loss
+        return backend_recorded(obs, module, local, targets, triton=values["triton"] == "claimed")
 
 
 class DeepSpeedVocabParallelLogProbs(LogitsCE):
@@ -230,14 +235,10 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
         if not self.gated(values):
             obs.facts["loss_backend"] = {(0, 0): ["liger"]}
             return ce._liger_vocab_cross_entropy(local, targets, group, IGNORE_INDEX)
-        log: list = []
-        with record_loss_backend(log), claimed_triton(values["triton"] == "claimed"):
-            loss = ce.vocab_parallel_cross_entropy(local, targets, tp_group=group, vocab_start_index=part.start,
-                                                   vocab_end_index=part.stop,
-                                                   global_vocab_size=global_vocab_size(values),
-                                                   ignore_index=IGNORE_INDEX, reduction="none", backend="liger")
-        obs.facts["loss_backend"] = {(0, 0): log}
-        return loss
+        return backend_recorded(obs, ce.vocab_parallel_cross_entropy, local, targets, tp_group=group,
+                                vocab_start_index=part.start, vocab_end_index=part.stop,
+                                global_vocab_size=global_vocab_size(values), ignore_index=IGNORE_INDEX,
+                                reduction="none", backend="liger", triton=values["triton"] == "claimed")
 
 
 class DeepSpeedLigerWithoutGroup(LogitsCE):
@@ -262,12 +263,8 @@ class DeepSpeedLigerWithoutGroup(LogitsCE):
         from deepspeed.sequence.cross_entropy import vocab_parallel_cross_entropy
 
         setup_deepspeed(ctx)
-        log: list = []
-        with record_loss_backend(log):
-            loss = vocab_parallel_cross_entropy(local, targets, tp_group=None, ignore_index=IGNORE_INDEX,
-                                                reduction="none", backend="liger")
-        obs.facts["loss_backend"] = {(0, 0): log}
-        return loss
+        return backend_recorded(obs, vocab_parallel_cross_entropy, local, targets, tp_group=None,
+                                ignore_index=IGNORE_INDEX, reduction="none", backend="liger")
 
 
 class DeepSpeedFusedLinearCE(NoModel, Subject):

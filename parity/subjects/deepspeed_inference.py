@@ -21,7 +21,7 @@ from parity.subjects.base import NAMED_HEADS, RankContext, case_seed, head_claim
 from parity.subjects.driver import attribute
 from parity.subjects.loss_only import tp_group
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, DeepSpeedSubject, engine_dtype_requirements,
-                                             reset_deepspeed_state, setup_deepspeed)
+                                             reset_deepspeed_state, setup_deepspeed, user_mpu)
 from parity.observe.dtypes import DTYPES
 from references.tiny_lm import build_model
 from references.trajectory import Trajectory, TrainingSpec
@@ -74,32 +74,6 @@ def shm_op(ctx: RankContext):
                 os.environ["LOCAL_SIZE"] = saved
         state["shm_op"] = (op, op.vector_kernel_level())
     return state["shm_op"]
-
-
-class GroupMpu:
-    """An mpu whose model-parallel group is ``group`` (every rank of it one model replica: no data parallelism)."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def get_model_parallel_group(self):
-        return self.group
-
-    def get_model_parallel_world_size(self):
-        import torch.distributed as dist
-
-        return dist.get_world_size(self.group)
-
-    def get_model_parallel_rank(self):
-        import torch.distributed as dist
-
-        return dist.get_rank(self.group)
-
-    def get_data_parallel_world_size(self):
-        return 1
-
-    def get_data_parallel_rank(self):
-        return 0
 
 
 class InferenceHead(DeepSpeedSubject):
@@ -181,6 +155,7 @@ class InferenceHead(DeepSpeedSubject):
         import deepspeed
         from deepspeed.comm import comm as ds_comm
         from deepspeed.inference.engine import InferenceEngine
+        import torch.distributed as dist
 
         setup_deepspeed(ctx)
         tp = values["tp"]
@@ -204,7 +179,10 @@ class InferenceHead(DeepSpeedSubject):
         if values["tp_source"] == "mpu":
             # The TP group a Megatron-style mpu hands over (inference/config.py:46, engine.py:113-115): the same
             # members as the group tp_size makes, so any difference is in how the group reaches the head.
-            tensor_parallel = {"mpu": GroupMpu(InferenceEngine.inference_mp_group)}
+            group = InferenceEngine.inference_mp_group  # every rank of it one model replica: no data parallelism
+            tensor_parallel = {"mpu": user_mpu(model_parallel_group=group, model_parallel_rank=dist.get_rank(group),
+                                               model_parallel_world_size=dist.get_world_size(group),
+                                               data_parallel_world_size=1, data_parallel_rank=0)}
         else:
             tensor_parallel = {"tp_size": tp}
         if values["grain"] != INFERENCE_DEFAULT_GRAIN:

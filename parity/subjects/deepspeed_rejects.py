@@ -15,7 +15,7 @@ from parity.subjects.base import Claims
 from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
 from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, EngineHead, deepspeed_process_state,
-                                              install_tp_groups, setup_deepspeed)
+                                              install_tp_groups, setup_deepspeed, user_mpu)
 from parity.subjects.values import resolve
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
@@ -138,12 +138,8 @@ def _tp_plan_style(style):
     return _changed(lambda model, spec: setattr(model, "_tp_plan", {"lm_head": style}))
 
 
-def _llama_shaped_unnamed(spec):
-    return _seeded(lambda: LlamaShapedLM(dataclasses.replace(spec, blocks=2)))
-
-
-def _llama_named(spec):
-    return _seeded(lambda: TinyLlamaModel(dataclasses.replace(spec, blocks=2)))
+def _two_blocks(cls):
+    return lambda spec: _seeded(lambda: cls(dataclasses.replace(spec, blocks=2)))
 
 
 def _probe_ids(spec, seed: int = SEED) -> torch.Tensor:
@@ -169,33 +165,22 @@ def _second_head(path: str, tp_plan: bool = False):
 
 @dataclasses.dataclass(frozen=True)
 class EngineVariant:
+    """One engine rejection: what the user's config and model are, and what runs after an accepted initialize.
+    Each field's meaning: docs/subjects.md#an-engine-variants-fields"""
     tp_config: dict
     build: object = _plain
     tied: bool = False
     vocab: object = VOCAB  # an int, or a callable tp -> int
-    extra: dict = dataclasses.field(default_factory=dict)  # merged into tensor_parallel (may use {tp})
-    # Accepted today (a known divergence): run one forward so the verdict shows what the user got.
+    extra: dict = dataclasses.field(default_factory=dict)
     probe_logits: bool = False
-    # Engine axis values (zero, dtype, dp_reduce, grad_accum) the config is made with, as an EngineHead's.
     values: dict = dataclasses.field(default_factory=dict)
-    # The user lays out world = tp x dp with strided TP groups (rank r: TP rank r // dp, DP index r % dp; at
-    # tp 2 dp 2 {0,2},{1,3}, not the mesh's {0,1},{2,3}), feeds one batch per DP index, and hands DeepSpeed
-    # its TP group this way: "tp_model_init" (tp_model_init(..., tp_group=)), "config" (tensor_parallel.tp.
-    # tp_group) or "mpu" (initialize(mpu=)). An accepted initialize is probed with one forward.
     user_tp: str = ""
     dp: int = 1
-    # Set: the user first calls deepspeed.tp_model_init(model, tp_size=tp, dtype=<this dtype>) without tp_group, and
-    # the config's autotp_size is tp * autotp_factor. An accepted initialize reports the dtype the head trains in.
     tp_model_init: str = ""
     autotp_factor: int = 1
-    # DeepCompile's autotp pass in the config: after an accepted initialize the user calls engine.compile() and the
-    # first forward runs eagerly (compilation disabled, as TORCH_COMPILE_DISABLE=1 does); that forward must refuse.
     compile_eager: bool = False
-    # Merged into the config's torch_autocast and zero_optimization sections (the variant's values turn autocast on).
     autocast: dict = dataclasses.field(default_factory=dict)
     zero: dict = dataclasses.field(default_factory=dict)
-    # Accepted preset_model: say which partition source the engine took (the preset's specs or none) and what
-    # it made of a block, after one forward.
     probe_preset: bool = False
 
 
@@ -208,24 +193,18 @@ class CEVariant:
     target_out_of_range: bool = False
 
 
-ENGINE_VARIANTS = {
-    # tied embeddings with options the sharded embedding cannot honour
+ENGINE_VARIANTS = {  # why each: the comment above its case in cases/deepspeed_rejects.toml
     "tied_row_max_norm": EngineVariant(_specs(ROW_HEAD), _embedding_option(max_norm=1.0), tied=True),
     "tied_row_sparse": EngineVariant(_specs(ROW_HEAD), _embedding_option(sparse=True), tied=True),
     "tied_vocab_max_norm": EngineVariant(VOCAB_PARALLEL, _embedding_option(max_norm=1.0), tied=True),
     "tied_vocab_sparse": EngineVariant(VOCAB_PARALLEL, _embedding_option(sparse=True), tied=True),
     "tied_vocab_scale_grad": EngineVariant(VOCAB_PARALLEL, _embedding_option(scale_grad_by_freq=True), tied=True),
-    # row-parallel head
     "row_tied_non_embedding": EngineVariant(_specs(ROW_HEAD), _tied_to_non_embedding),
-    # no partition_config: the engine takes the model's HF tp_plan, whose style it cannot convert
     "hf_plan_unsupported_style": EngineVariant({}, _tp_plan_style("sequence_parallel")),
-    # the HF plan's plain "colwise" on lm_head: a column layer without gather, as column_no_gather's spec
     "hf_plan_colwise_head": EngineVariant({}, _tp_plan_style("colwise"), probe_logits=True),
     "row_shape": EngineVariant(_specs({**ROW_HEAD, "shape": [-1, HIDDEN], "partition_dim": 1})),
     "row_partition_dim0": EngineVariant(_specs({**ROW_HEAD, "partition_dim": 0})),
-    # column-parallel head with gathered output
     "gather_shape": EngineVariant(_specs({**COLUMN_GATHERED, "shape": [2, -1], "partition_dim": 0})),
-    # vocab-parallel head
     "vocab_empty_shard": EngineVariant(VOCAB_PARALLEL, vocab=lambda tp: tp - 1),
     "vocab_no_head": EngineVariant(VOCAB_PARALLEL, OutputNamedLM),
     "liger_without_vocab_head": EngineVariant({"vocab_parallel_ce_backend": "liger", **_specs(COLUMN_GATHERED)}),
@@ -233,39 +212,23 @@ ENGINE_VARIANTS = {
     "loss_function_missing": EngineVariant(VOCAB_PARALLEL, _without_loss_function),
     "loss_function_read_only": EngineVariant(VOCAB_PARALLEL, ReadOnlyLossLM),
     "loss_function_setter_ignored": EngineVariant(VOCAB_PARALLEL, IgnoringSetterLossLM),
-    # a column head without gather_output: rank-local logits reach a model whose loss expects them whole
     "column_no_gather": EngineVariant(_specs({"patterns": [r"lm_head\.weight$"], "partition_type": "column"}),
                                       probe_logits=True),
-    # ZeRO 2's reduce-scatter supports neither DP gradient pre-scaling nor a predivide factor
     "zero2_prescale": EngineVariant(VOCAB_PARALLEL, values={"zero": 2, "dp_reduce": "prescale"}),
     "zero2_predivide": EngineVariant(VOCAB_PARALLEL, values={"zero": 2, "dp_reduce": "predivide2"}),
     "zero3_prescale": EngineVariant(VOCAB_PARALLEL, values={"zero": 3, "dp_reduce": "prescale"}),
-    # without ZeRO, bf16 weights with float32 gradient accumulation are an "unsupported mix"
     "zero0_bf16_fp32_accum": EngineVariant(VOCAB_PARALLEL, values={"dtype": "bf16", "grad_accum": "fp32"}),
-    # strict_mode with a Linear no spec matches: proj (met before the head, nothing converted yet), or the head
-    # (met after proj, which its own column spec has converted by then: the user forgot the head's spec)
     "strict_unmatched_proj": EngineVariant(_strict(COLUMN_GATHERED)),
     "strict_unmatched_head": EngineVariant(_strict({"patterns": [r"proj\.weight$"], "partition_type": "column"})),
-    # no partition_config, no tp_plan: the heuristic path, on blocks it can shard but a class name it cannot place
-    "heuristic_unnamed_model": EngineVariant({"vocab_parallel_lm_head": True}, _llama_shaped_unnamed),
-    # the same path on a family it names as unsupported (GPT-2: Conv1D blocks, a kernel-injection policy of its own),
-    # with vocab_parallel_lm_head unset, or true (the head is resolved before the parser refuses)
+    "heuristic_unnamed_model": EngineVariant({"vocab_parallel_lm_head": True}, _two_blocks(LlamaShapedLM)),
     "heuristic_gpt2_family": EngineVariant({}, _hf_gpt2),
     "heuristic_gpt2_vocab_head": EngineVariant({"vocab_parallel_lm_head": True}, _hf_gpt2),
-    # tensor_parallel.preset_model naming no built-in preset, on a Llama-shaped model the heuristic path can shard: a
-    # model type AutoTPPresets has no preset for ("mistral"), and "llama_gqa", an AutoTPPresets method that get_preset
-    # does not list (it needs head counts). AutoEP's preset_model raises "Unknown preset_model" for the same mistake.
-    "preset_unknown_name": EngineVariant({"preset_model": "mistral"}, _llama_named, probe_preset=True),
-    "preset_llama_gqa": EngineVariant({"preset_model": "llama_gqa"}, _llama_named, probe_preset=True),
-    # a misspelt key in partition_config, a dict AutoTPConfig.from_dict reads with .get (the rest of the tensor_parallel
-    # section is a pydantic model that refuses extra keys): the head's spec written "gather_outputs" or "pattern"
+    "preset_unknown_name": EngineVariant({"preset_model": "mistral"}, _two_blocks(TinyLlamaModel), probe_preset=True),
+    "preset_llama_gqa": EngineVariant({"preset_model": "llama_gqa"}, _two_blocks(TinyLlamaModel), probe_preset=True),
     "spec_key_gather_outputs": EngineVariant(_specs({"patterns": [r"lm_head\.weight$"], "partition_type": "column",
                                                      "gather_outputs": True}), probe_logits=True),
     "spec_key_pattern": EngineVariant(_specs({"pattern": r"lm_head\.weight$", "partition_type": "column",
                                               "gather_output": True}), probe_logits=True),
-    # two Linears that qualify as the vocab-parallel head (auto_tp._resolve_vocab_parallel_lm_head): a second head
-    # named in lm_head_patterns, or a nested one whose last name segment is lm_head; through a partition_config,
-    # the heuristic path, or an HF tp_plan
     "vocab_two_heads": EngineVariant(
         {"vocab_parallel_lm_head": True,
          "partition_config": {**_specs()["partition_config"], "lm_head_patterns": ["lm_head", "mtp_head"]}},
@@ -273,20 +236,15 @@ ENGINE_VARIANTS = {
     "vocab_nested_heads": EngineVariant(VOCAB_PARALLEL, _second_head("mtp.lm_head")),
     "heuristic_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head")),
     "hf_plan_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head", tp_plan=True)),
-    # the user's own TP groups, laid out unlike DeepSpeed's mesh: DeepSpeed must use them or refuse them
     "user_tp_group_tp_model_init": EngineVariant(_specs(COLUMN_GATHERED), user_tp="tp_model_init", dp=2),
     "user_tp_group_config": EngineVariant(_specs(COLUMN_GATHERED), user_tp="config", dp=2),
     "user_tp_group_mpu": EngineVariant(_specs(COLUMN_GATHERED), user_tp="mpu", dp=2),
-    # tp_model_init (no tp_group) against a config that says otherwise: DeepSpeed's merge must refuse before the model
     "tp_model_init_size_conflict": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="fp32", autotp_factor=2),
     "tp_model_init_dtype_conflict": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="fp32",
                                                   values={"dtype": "bf16"}),
     "tp_model_init_dtype_unchecked": EngineVariant(_specs(COLUMN_GATHERED), tp_model_init="bf16"),
-    # DeepCompile's autotp pass with a head its deferred collectives need compiled (column) or cannot serve (row)
     "compile_autotp_eager_column": EngineVariant(_specs(COLUMN_GATHERED), compile_eager=True),
     "compile_autotp_row_head": EngineVariant(_specs(ROW_HEAD), compile_eager=True),
-    # torch_autocast settings the engine checks in init_autocast_params: a lower_precision_safe_modules entry that does
-    # not import (the head's class misspelt), and autocast with ZeRO 3's quantized weights
     "autocast_unknown_module": EngineVariant(VOCAB_PARALLEL, values={"autocast": "bf16", "zero": 1}, autocast={
         "lower_precision_safe_modules": ["torch.nn.modules.linear.Linear",
                                          "deepspeed.module_inject.layers.VocabParallelLinaer"]}),
@@ -323,35 +281,6 @@ def _call_state(inputs: dict) -> dict:
 
 def _vocab(value, tp: int) -> int:
     return value(tp) if callable(value) else value
-
-
-class UserMpu:
-    """A Megatron-style mpu over the user's strided layout (EngineVariant.user_tp)."""
-
-    def __init__(self, rank, tp, dp, tp_group, dp_group):
-        self.rank, self.tp, self.dp, self.tp_group, self.dp_group = rank, tp, dp, tp_group, dp_group
-
-    def get_model_parallel_group(self):
-        return self.tp_group
-
-    def get_model_parallel_world_size(self):
-        return self.tp
-
-    def get_model_parallel_rank(self):
-        return self.rank // self.dp
-
-    get_tensor_model_parallel_group = get_model_parallel_group
-    get_tensor_model_parallel_world_size = get_model_parallel_world_size
-    get_tensor_model_parallel_rank = get_model_parallel_rank
-
-    def get_data_parallel_group(self):
-        return self.dp_group
-
-    def get_data_parallel_world_size(self):
-        return self.dp
-
-    def get_data_parallel_rank(self):
-        return self.rank % self.dp
 
 
 def user_groups(ctx, tp: int, dp: int) -> tuple:
@@ -446,7 +375,12 @@ class DeepSpeedRejection(DeepSpeedSubject):
             elif variant.user_tp == "config":
                 config["tensor_parallel"].setdefault("tp", {})["tp_group"] = user_tp
             else:
-                mpu = UserMpu(ctx.rank, tp, variant.dp, user_tp, user_dp)
+                # A Megatron-style mpu over the user's strided layout; tensor_model_* alias model_*.
+                tp_answers = {"group": user_tp, "world_size": tp, "rank": ctx.rank // variant.dp}
+                dp_answers = {"group": user_dp, "world_size": variant.dp, "rank": ctx.rank % variant.dp}
+                mpu = user_mpu(**{f"{kind}_parallel_{key}": value for kind, answers in
+                                  (("model", tp_answers), ("tensor_model", tp_answers), ("data", dp_answers))
+                                  for key, value in answers.items()})
         try:
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=mpu,
                                               optimizer=lambda p: torch.optim.SGD(p, lr=train.lr), config=config)
