@@ -5,6 +5,7 @@ matrix never renames an existing case.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,11 +20,17 @@ class Axis:
     help: str = ""
     # Left out of case ids at its default, so adding such an axis renames no existing case.
     quiet_default: bool = False
+    # A regular expression a string value may match besides ``values`` (names made at run time, as arch_config's)
+    pattern: str = ""
 
     def allowed(self) -> str:
-        return ", ".join(map(repr, self.values)) if self.values is not None else f"an integer >= {self.minimum}"
+        if self.values is None:
+            return f"an integer >= {self.minimum}"
+        return ", ".join(map(repr, self.values)) + (f", or a string matching {self.pattern}" if self.pattern else "")
 
     def accepts(self, value) -> bool:
+        if self.pattern and isinstance(value, str) and re.fullmatch(self.pattern, value):
+            return True
         if self.values is not None:
             # bool is an int in Python: keep True from matching 1 and the reverse.
             return any(type(value) is type(v) and value == v for v in self.values)
@@ -336,4 +343,8 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("arch", ARCHITECTURES, "llama", lambda v: f"arch_{v}",
          help="zoo subjects: the transformers model_type built tiny from its own config class (references/zoo.py, "
               "docs/zoo-census.md), trained with its own forward and loss"),
+    Axis("arch_config", ("",), "", lambda v: f"cfg_{v}", quiet_default=True, pattern=r"[a-z0-9_]+_[0-9a-f]{8}",
+         help="zoo subjects: a user's config.json of the arch (`parity check --arch FILE`), by the name "
+              "references.zoo.store_config gave it (its file name and content hash), shrunk keeping its structure; "
+              "empty: the config class's defaults"),
 ]}

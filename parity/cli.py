@@ -263,8 +263,8 @@ def cmd_check(args) -> int:
             raise UsageError(f"--tp {args.tp}: want a positive integer")
     try:
         config = read_config(args.ds_config)
-        arch, notes = resolve_arch(args.arch)
-        translated = translate(config, args.ds_config, arch, tp=tp, dtype=args.dtype)
+        arch, user, notes = resolve_arch(args.arch)
+        translated = translate(config, args.ds_config, arch, tp=tp, dtype=args.dtype, user=user)
     except UserConfigError as exc:
         raise UsageError(str(exc)) from None
     case = translated.case
@@ -280,6 +280,17 @@ def cmd_check(args) -> int:
         entry.write_text(user_config.case_toml(case, f"parity check --arch {args.arch} --ds-config {args.ds_config}"))
         case = dataclasses.replace(case, source=f"{entry}:matrix[0]")
         print(f"case file: {entry}")
+        # Judged, where it fails, against the case files' marks whose scope admits it (as parity explore judges).
+        from parity.explore.known import Marks
+
+        admitted = []
+        for mark in Marks().candidates(case):  # one mark named by several entries is tried once
+            if all(mark.divergence != m.divergence for m in admitted):
+                admitted.append(mark)
+        if admitted:
+            case = dataclasses.replace(case, admitted=tuple((m.source, m.divergence) for m in admitted))
+            print(f"marks that admit it (a failure they explain reads diverged): "
+                  f"{', '.join(m.divergence.name for m in admitted)}")
     for name, value in (("jobs", 1), ("baseline", False), ("no_reference_cache", False), ("reference_cache", None),
                         ("passes", 1), ("profile", False), ("maxfail", None)):
         setattr(args, name, value)

@@ -11,10 +11,14 @@ architecture, runs one forward (the model's own loss) and backward, and writes t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +51,9 @@ EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_
 TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k", "num_selected_experts")
 WINDOW_KEYS = ("sliding_window", "sliding_window_size")
 SOFTCAP_KEYS = ("final_logit_softcapping",)
+# Traits a shrunk user config keeps exactly (structure(): the head's and the embedding's math, the wrapper, MLA)
+STRUCTURE_TRAITS = ("tied", "softcap", "logit_scale", "logits_scaling", "embed_scale", "mla", "vlm",
+                    "base_model_tp_plan", "tp_plan_styles")
 # Width-like names not to shrink generically: geometry of images and audio, token ids, positions, windows.
 KEEP_WORDS = ("image", "patch", "vocab", "window", "chunk", "position", "batch", "token", "kernel", "pool", "cache",
               "max_", "sample", "frame", "mel", "spatial", "temporal", "merge", "grid", "codebook", "stride",
@@ -230,14 +237,20 @@ def _is_id_key(k: str) -> bool:
     return k.endswith(("token_id", "token_index", "token_ids", "_token")) or k == "pad_idx"
 
 
-def tiny_config(model_type: str, tp: int = 3):
+def tiny_config(model_type: str, tp: int = 3, user: str = ""):
     """``model_type``'s config with tiny sizes and its structure kept (module docstring); eager attention.
 
     ``tp`` is the degree the sizes are meant for: head and vocabulary counts are picked (_tiny_heads, VOCAB) so
-    TP 2 and 3 meet both even and uneven splits; it changes nothing else."""
+    TP 2 and 3 meet both even and uneven splits; it changes nothing else. ``user``: a stored user config.json
+    (store_config) to shrink instead of the class's defaults."""
     from transformers import AutoConfig
 
     del tp
+    if user:
+        raw = stored_config(user)
+        if raw.get("model_type") != model_type:
+            raise ValueError(f"stored config {user} is a {raw.get('model_type')!r} config, not {model_type!r}")
+        return shrunk(config_from_dict(raw))
     base = AutoConfig.for_model(model_type)
     overrides = _config_overrides(base)
     config = AutoConfig.for_model(model_type, **overrides)
@@ -273,6 +286,49 @@ def _config_overrides(config, text: bool = True) -> dict:
     return out
 
 
+def config_store() -> Path:
+    """Where user configs are kept by name: $PARITY_ARCH_CONFIGS, else ~/.cache/parity/arch_configs."""
+    return Path(os.environ.get("PARITY_ARCH_CONFIGS") or Path.home() / ".cache" / "parity" / "arch_configs")
+
+
+def store_config(raw: dict, stem: str) -> str:
+    """Keep a user's config.json (as parsed) under a name made of ``stem`` and its content's hash, so a case names
+    it by a short, stable string (the arch_config axis) and the ranks and the reference read the same dict."""
+    text = json.dumps(raw, sort_keys=True, indent=1)
+    slug = re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_")[:24] or "config"
+    name = f"{slug}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    store = config_store()
+    store.mkdir(parents=True, exist_ok=True)
+    path = store / f"{name}.json"
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return name
+
+
+def stored_config(name: str) -> dict:
+    """The config store_config kept as ``name``."""
+    path = config_store() / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"arch_config {name}: no {path} (parity check --arch CONFIG_JSON stores it)")
+    return json.loads(path.read_text())
+
+
+def structure(config) -> dict:
+    """What a shrunk config must keep of the full one (STRUCTURE_TRAITS of _config_traits, the attention layout as
+    its kind and group size, MoE and the sliding window as present or not, top-k as given where it is small)."""
+    t = _config_traits(config)
+    heads, kv = t["heads"], t["kv_heads"]
+    if heads and kv:
+        layout = "MHA" if kv == heads else "MQA" if kv == 1 else f"GQA{heads // kv}" if heads // kv <= 4 else "GQA>4"
+    else:
+        layout = None
+    return {**{k: t[k] for k in STRUCTURE_TRAITS}, "attention": layout, "moe": bool(t["experts"]),
+            "experts_per_token": min(t["experts_per_token"], TOP_K) if t["experts_per_token"] else None,
+            "sliding_window": t["sliding_window"] is not None}
+
+
 def config_from_dict(raw: dict):
     """A config.json's dict as its model_type's config class reads it (AutoConfig.for_model: no hub access)."""
     from transformers import AutoConfig
@@ -305,11 +361,12 @@ def _set_eager(config) -> None:
             _set_eager(sub)
 
 
-def build(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """The tiny model, weights drawn in fp32 from ``seed`` then cast (as references.tiny_lm.build_model)."""
+def build(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 0, user: str = ""):
+    """The tiny model, weights drawn in fp32 from ``seed`` then cast (as references.tiny_lm.build_model); ``user``:
+    a stored user config (tiny_config)."""
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(model_type)
+    config = tiny_config(model_type, user=user)
     with seeded(seed):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype)
     if hasattr(model, "set_default_language") and getattr(config, "languages", None):

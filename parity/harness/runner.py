@@ -5,6 +5,7 @@ import os
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 from parity.matrix.cases import Case
 from parity.checks.compare import Check, ReferenceCache, compare, reference_pair, state_after_rejection_checks
@@ -294,6 +295,13 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
         return _rejection_verdict(case, outcome, strict)
     if case.divergence is not None and case.divergence.raises and outcome.errors:
         return _crash_divergence_verdict(case, outcome)
+    if outcome.errors and not case.divergence:
+        for source, known in case.admitted:
+            if known.raises:
+                again = _crash_divergence_verdict(replace(case, divergence=known), outcome)
+                if again.status == DIVERGED:
+                    again.reason += f" [mark of {source}]"
+                    return again
     if outcome.errors:
         # The rank that raised first is the cause; a peer it left in a collective (RankLost) only says so
         first = min(outcome.errors, key=lambda r: (outcome.errors[r].type == "RankLost", r))
@@ -318,7 +326,26 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
     if case.divergence is not None:
         return _divergence_verdict(case, checks, strict)
     status = PASSED if all(c.passed for c in checks) else FAILED
+    if status == FAILED and case.admitted:
+        return _admitted_verdict(case, checks, strict) or Verdict(case, status, checks=checks)
     return Verdict(case, status, checks=checks)
+
+
+def _admitted_verdict(case: Case, checks, strict: bool) -> Verdict | None:
+    """A failing unmarked case judged under the marks that admit it (Case.admitted), as parity explore judges one:
+    each mark alone, then the numerical ones united (a case under two mechanisms fails the checks of both); the
+    first that leaves every failed check explained makes it diverged, else None (it stays failed)."""
+    from parity.matrix.cases import merged_divergence
+
+    tries = [(source, known) for source, known in case.admitted if not known.raises]
+    if len(tries) > 1:
+        tries.append((", ".join(s for s, _ in tries), merged_divergence([k for _, k in tries])))
+    for source, known in tries:
+        again = _divergence_verdict(replace(case, divergence=known), checks, strict)
+        if again.status == DIVERGED:
+            again.reason += f" [mark of {source}]"
+            return again
+    return None
 
 
 def findings_status(known, failed) -> dict:

@@ -152,6 +152,9 @@ class Case:
     markers: tuple = ()
     divergence: KnownDivergence | None = None
     collectives: tuple = ()  # ((kind or "kind@N", count), ...) per micro-batch, from [matrix.collectives]
+    # ((source, KnownDivergence), ...): case-file marks whose scope admits this unmarked case (parity check's cases,
+    # parity/explore/known.py); the judge tries them only where the case fails without a mark
+    admitted: tuple = ()
 
     @functools.cached_property
     def values(self) -> CaseValues:

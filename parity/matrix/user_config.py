@@ -2,11 +2,12 @@
 
 The config is read key by key (dotted paths to its leaves) against one table, ``KEYS``: each key either sets an
 axis of the case (tensor_parallel, zero_optimization.stage, bf16/fp16, gradient_clipping,
-gradient_accumulation_steps), picks the subject (vocab_parallel_lm_head), is held to the value the case runs
-(the micro-batch size, DeepSpeed's defaults the zoo subjects leave alone), or changes no number (logging,
-bucket sizes at DP 1). Any other key, or a value the subject's axes do not hold, is a ``UserConfigError`` naming
-the key: the check never runs a configuration other than the one the user wrote. A new zoo subject is a row of
-``SUBJECTS_BY_KEY``; a new axis a row of ``KEYS``. docs/check.md has the table as prose.
+gradient_accumulation_steps), picks the subject (preset_model, vocab_parallel_lm_head: ``SUBJECT_PATHS``, with
+whether the arch carries an HF plan), is held to the value the case runs (the micro-batch size, DeepSpeed's
+defaults the zoo subjects leave alone), or changes no number (logging, bucket sizes at DP 1). Any other key, or a
+value the subject's axes do not hold, is a ``UserConfigError`` naming the key: the check never runs a configuration
+other than the one the user wrote. A user's config.json is shrunk keeping its structure and carried by the
+arch_config axis (``resolve_arch``). docs/check.md has the tables as prose.
 """
 from __future__ import annotations
 
@@ -20,10 +21,19 @@ from parity.subjects import SUBJECTS
 from parity.subjects.values import resolve, subject_axes
 from references.trajectory import TrainingSpec
 
-# The subject a config's tensor_parallel section asks for: (key, value) -> subject; no row matching: the default,
-# DeepSpeed's own choice from the model's HF plan. An explicit value no row names cannot be honoured.
-SUBJECTS_BY_KEY = {("tensor_parallel.vocab_parallel_lm_head", True): "zoo_vocab_parallel"}
-DEFAULT_SUBJECT = "zoo_hf_plan"
+# The zoo subject a config's tensor_parallel section asks for, the first row that matches:
+# (preset_model given, the arch carries an HF plan, vocab_parallel_lm_head as written: True, False or None for left
+# out; None in a row matches any) -> (subject, how vocab_parallel_lm_head reaches it: "axis" the subject's
+# vocab_parallel_lm_head axis ("false" when left out), "implied" the subject is that value, "auto" DeepSpeed's choice
+# from the plan, which an explicit false may state only where that choice is already false). An arch without a plan
+# goes where DeepSpeed sends it: AutoTP's heuristic parser.
+SUBJECT_PATHS = (
+    ((True, None, None), ("zoo_preset", "axis")),
+    ((False, False, None), ("zoo_heuristic", "axis")),
+    ((False, True, True), ("zoo_vocab_parallel", "implied")),
+    ((False, True, None), ("zoo_hf_plan", "auto")),
+)
+PRESET_KEY, VOCAB_KEY = "tensor_parallel.preset_model", "tensor_parallel.vocab_parallel_lm_head"
 # The precision sections (DeepSpeed also reads "bfloat16" as bf16) -> the dtype axis's value when enabled.
 PRECISION = {"bf16.enabled": "bf16", "bfloat16.enabled": "bf16", "fp16.enabled": "fp16"}
 # Where the case files' own cases of the zoo subjects live, in order: a case the user's config gives that is one of
@@ -74,7 +84,8 @@ KEYS = {
     "zero_optimization.allgather_bucket_size": Key(neutral="communication grouping; at DP 1 each element is "
                                                    "gathered from one rank whatever the bucket"),
     **{key: Key(neutral="the precision section's switch (read as dtype)") for key in PRECISION},
-    **{key[0]: Key(neutral="picks the subject") for key in SUBJECTS_BY_KEY},
+    PRESET_KEY: Key(neutral="picks the subject (zoo_preset), when it is the arch's family"),
+    VOCAB_KEY: Key(neutral="picks the subject, or sets its vocab_parallel_lm_head axis"),
 }
 CLIP_DEFAULT = 1.0  # DeepSpeed 0.19.8's GRADIENT_CLIPPING_DEFAULT (findings/deepspeed_default_gradient_clipping.toml)
 
@@ -125,9 +136,11 @@ def _axis_value(shown: str, key: str, axis: str, value, subject: str):
     return value
 
 
-def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: str | None = None) -> Translated:
-    """The one case `parity check` runs for ``config`` (read from ``path``) on ``arch``, with the command line's
-    --tp and --dtype where given (a config that says otherwise is refused, naming its key)."""
+def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: str | None = None,
+              user: str = "") -> Translated:
+    """The one case `parity check` runs for ``config`` (read from ``path``) on ``arch`` (``user``: a stored
+    config.json of it, the arch_config axis), with the command line's --tp and --dtype where given (a config that
+    says otherwise is refused, naming its key)."""
     shown = f"--ds-config {path}"
     items = leaves(config)
     for key, value in items:
@@ -138,17 +151,9 @@ def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: 
             raise UserConfigError(f"{shown}: key '{key}' = 'auto' cannot be honoured: 'auto' is filled in by "
                                   "transformers' Trainer; write the value it would get")
     given = dict(items)
-    subject = DEFAULT_SUBJECT
-    for (key, value), name in SUBJECTS_BY_KEY.items():
-        if key in given:
-            if given[key] == value:
-                subject = name
-            else:
-                named = ", ".join(repr(v) for (k, v) in SUBJECTS_BY_KEY if k == key)
-                raise UserConfigError(f"{shown}: key '{key}' = {given[key]!r} cannot be honoured: the zoo subjects "
-                                      f"leave it out (DeepSpeed's choice from the model's plan) or set {named}")
     notes = []
-    values: dict = {"arch": arch}
+    subject, vocab_axis = _subject(shown, given, arch, user)
+    values: dict = {"arch": arch, "arch_config": user, **vocab_axis}
     # Precision: the enabled section, then --dtype, which must agree.
     enabled = [(k, d) for k, d in PRECISION.items() if given.get(k) is True]
     for key in PRECISION:
@@ -205,6 +210,43 @@ def translate(config: dict, path: str, arch: str, tp: int | None = None, dtype: 
     return Translated(twin or case, notes)
 
 
+def _has_plan(arch: str, user: str) -> bool:
+    from parity.subjects.zoo import planned
+
+    return bool(planned(arch, user)["plan"])
+
+
+def _subject(shown: str, given: dict, arch: str, user: str) -> tuple[str, dict]:
+    """(subject, its vocab_parallel_lm_head axis value where it has one) by SUBJECT_PATHS, or the refusal naming
+    the tensor_parallel key that cannot be honoured."""
+    from parity.subjects.zoo import PRESET_OF
+
+    vocab = given.get(VOCAB_KEY)
+    if VOCAB_KEY in given and not isinstance(vocab, bool):
+        raise UserConfigError(f"{shown}: key '{VOCAB_KEY}' = {vocab!r}: want true or false")
+    preset = given.get(PRESET_KEY)
+    if PRESET_KEY in given:
+        if arch not in PRESET_OF:
+            raise UserConfigError(f"{shown}: key '{PRESET_KEY}' = {preset!r} cannot be honoured: {arch} is no AutoTP "
+                                  f"preset family (the presets' architectures: {', '.join(PRESET_OF)})")
+        if preset != PRESET_OF[arch]:
+            raise UserConfigError(f"{shown}: key '{PRESET_KEY}' = {preset!r} cannot be honoured: {arch}'s preset is "
+                                  f"{PRESET_OF[arch]!r}; another family's layer names would shard it silently wrong")
+    has_plan = True if PRESET_KEY in given else _has_plan(arch, user)
+    row = (PRESET_KEY in given, has_plan, vocab)
+    subject, how = next(path for pattern, path in SUBJECT_PATHS
+                        if all(p is None or p == r for p, r in zip(pattern, row)))
+    if how == "axis":
+        return subject, {"vocab_parallel_lm_head": "true" if vocab else "false"}
+    if how == "auto" and vocab is False:
+        values = resolve(SUBJECTS[subject], {"arch": arch, "arch_config": user})
+        if SUBJECTS[subject].vocab_parallel(values):
+            raise UserConfigError(f"{shown}: key '{VOCAB_KEY}' = False cannot be honoured: {arch}'s plan (tied, "
+                                  "embedding_rowwise) makes DeepSpeed's own choice vocabulary-parallel, and no zoo "
+                                  "subject turns it off; leave the key out or set it true")
+    return subject, {}
+
+
 def case_toml(case: Case, description: str) -> str:
     """A one-entry case file that makes exactly ``case`` (every axis spelled out; JSON scalars are TOML's)."""
     lines = ["[[matrix]]", f"subject = {json.dumps(case.subject)}", f"description = {json.dumps(description)}",
@@ -227,17 +269,12 @@ def _twin(case: Case) -> Case | None:
 
 # ---- the architecture --------------------------------------------------------------------------------------------
 
-# What the check compares between a user's config.json and the zoo's build of its model_type: the traits the head,
-# the embedding and the sharding depend on (references.zoo.traits, read from the shrunk configs).
-STRUCTURE = ("tied", "softcap", "logit_scale", "logits_scaling", "embed_scale", "heads", "kv_heads", "experts",
-             "experts_per_token", "sliding_window", "mla", "vlm", "base_model_tp_plan", "tp_plan_styles")
-
-
-def resolve_arch(arch: str) -> tuple[str, list]:
-    """``--arch``: a model_type of the installed transformers, or a config.json (or a folder holding one) whose
-    model_type the zoo builds with the same structure (STRUCTURE). -> (model_type, notes)."""
+def resolve_arch(arch: str) -> tuple[str, str, list]:
+    """``--arch``: a model_type of the installed transformers, or a config.json (or a folder holding one) of one,
+    shrunk keeping its structure (references.zoo.structure) and stored by name (the arch_config axis).
+    -> (model_type, the stored name or "", notes)."""
     if arch in ARCHITECTURES:
-        return arch, []
+        return arch, "", []
     path = Path(arch)
     if path.is_dir():
         path = path / "config.json"
@@ -255,15 +292,21 @@ def resolve_arch(arch: str) -> tuple[str, list]:
     from references import zoo
 
     try:
-        user = zoo.shrunk(zoo.config_from_dict(raw))
+        full = zoo.config_from_dict(raw)
+        small = zoo.shrunk(full)
     except Exception as exc:  # noqa: BLE001 - the config class's own refusal, in one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserConfigError(f"--arch {arch}: transformers cannot read it: {first}") from None
-    ours, theirs = zoo.traits(zoo.tiny_config(model_type)), zoo.traits(user)
-    for trait in STRUCTURE:
-        if ours.get(trait) != theirs.get(trait):
-            raise UserConfigError(f"--arch {arch}: {trait} of this config shrunk is {theirs.get(trait)!r}, of the "
-                                  f"zoo's tiny {model_type} {ours.get(trait)!r}: the check builds {model_type} from "
-                                  "its config class's defaults, so it cannot honour this config")
-    return model_type, [f"--arch {arch}: model_type {model_type}, the same structure as the zoo's tiny "
-                        f"{model_type} ({', '.join(STRUCTURE)}): the check builds that"]
+    want, got = zoo.structure(full), zoo.structure(small)
+    for trait in want:
+        if want[trait] != got[trait]:
+            raise UserConfigError(f"--arch {arch}: its {trait} is {want[trait]!r}, shrunk {got[trait]!r}: the zoo "
+                                  "cannot shrink this config keeping its structure")
+    if zoo._text(small).vocab_size != zoo.VOCAB:
+        raise UserConfigError(f"--arch {arch}: key 'vocab_size' = {zoo._text(full).vocab_size!r}: the check runs a "
+                              f"vocabulary of {zoo.VOCAB} (a larger one is shrunk to it)")
+    name = zoo.store_config(raw, path.parent.name if path.name == "config.json" else path.stem)
+    kept = ", ".join(f"{k} {v!r}" for k, v in got.items() if v not in (None, False, [], ""))
+    t = zoo._config_traits(small)
+    return model_type, name, [f"--arch {arch}: {model_type} from this config, shrunk to {t['heads']}/{t['kv_heads']} "
+                              f"heads keeping {kept}; stored as arch_config {name} ({zoo.config_store()})"]

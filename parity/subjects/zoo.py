@@ -27,8 +27,8 @@ from references.trajectory import Trajectory, train_reference
 
 # clip (quiet at 0: no case id changes) and gas 1 and 4: what `parity check` reads from a user's gradient_clipping and
 # gradient_accumulation_steps (parity/matrix/user_config.py).
-ZOO_AXES = {"arch": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2), "gas": (1, 2, 4),
-            "tp": (2, 3), "clip": None, "device": None}
+ZOO_AXES = {"arch": None, "arch_config": None, "vocab": (zoo.VOCAB,), "dtype": ("fp32", "bf16"), "zero": (0, 2),
+            "gas": (1, 2, 4), "tp": (2, 3), "clip": None, "device": None}
 # tp_shard._KV_HEAD_ATTRS: the config attributes AutoTP reads its kv-head count from, in its probe order.
 KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "kv_n_heads",
                  "num_attention_heads", "n_heads", "attention_heads")
@@ -74,10 +74,10 @@ def plan_style(plan: dict, module_path: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def planned(arch: str) -> dict:
+def planned(arch: str, user: str = "") -> dict:
     """What the claims are derived from, read off the built fp32 model: its head and embedding paths, whether they
-    are tied, the plan, and every nn.Linear the plan names with that style."""
-    model = zoo.build(arch)
+    are tied, the plan, and every nn.Linear the plan names with that style (``user``: the arch_config axis)."""
+    model = zoo.build(arch, user=user)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     plan = hf_plan(model)
     traits = zoo.traits(model)
@@ -202,7 +202,7 @@ class ZooHead(EngineHead):
 
     # -- the model --------------------------------------------------------------------------------
     def info(self, values: dict) -> dict:
-        return planned(values["arch"])
+        return planned(values["arch"], values["arch_config"])
 
     def model_spec(self, values):
         info = self.info(values)
@@ -210,7 +210,7 @@ class ZooHead(EngineHead):
                          tied=info["tied"])
 
     def build(self, values: dict, dtype: torch.dtype):
-        model = zoo.build(values["arch"], dtype, self.training_spec(values).seed)
+        model = zoo.build(values["arch"], dtype, self.training_spec(values).seed, user=values["arch_config"])
         vocab = zoo._text(model.config).vocab_size
         if vocab != values["vocab"]:  # the batches draw ids from values["vocab"]
             raise ValueError(f"{values['arch']}: the tiny config's vocabulary is {vocab}, the case's {values['vocab']}")
@@ -231,6 +231,9 @@ class ZooHead(EngineHead):
         reason = super().unavailable_reason(values)
         if reason is None and find_spec("transformers") is None:
             reason = "transformers is not installed (pip install -e '.[hf]')"
+        stored = zoo.config_store() / f"{values['arch_config']}.json"
+        if reason is None and values["arch_config"] and not stored.is_file():
+            reason = f"arch_config {values['arch_config']}: no {stored} (parity check --arch CONFIG_JSON stores it)"
         row = census_rows().get(values["arch"])
         if reason is None and row is not None and row["status"] != "built":
             reason = f"{values['arch']} cannot be built here (docs/zoo-census.md): {row['reason']}"
@@ -507,10 +510,10 @@ def drop_plan(model) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def heuristic_info(arch: str, tp: int) -> dict:
+def heuristic_info(arch: str, tp: int, user: str = "") -> dict:
     """planned(arch) with the heuristic's refusal and its layers' claims, read off the built fp32 model."""
-    model = zoo.build(arch)
-    info = planned(arch)
+    model = zoo.build(arch, user=user)
+    info = planned(arch, user)
     refusal = heuristic_refusal(model)
     layers = ({}, {}, {}) if refusal else heuristic_layers(model, tp, info["kv"])
     return {**info, "refusal": refusal, "layers": layers}
@@ -543,7 +546,7 @@ class ZooHeuristic(ZooHead):
         return None  # set_lm_head returns at once in training mode: nothing replaces a top-level head
 
     def claims(self, values):
-        info = heuristic_info(values["arch"], values["tp"])
+        info = heuristic_info(values["arch"], values["tp"], values["arch_config"])
         types, shards, layouts = (dict(x) for x in info["layers"])
         return self.head_claims(values, info, types, shards, layouts)
 
