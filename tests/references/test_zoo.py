@@ -1,6 +1,5 @@
 """references/zoo.py: the census lists exactly the installed architectures, and the tiny configs keep what the output
 head and embedding depend on."""
-import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -62,10 +61,10 @@ def test_tiny_config_keeps_structure(model_type):
 
 @pytest.mark.parametrize("model_type", sorted(REPRESENTATIVE))
 def test_tiny_model_builds_and_trains_a_step(model_type):
-    start = time.perf_counter()
     model = zoo.build(model_type)
     loss = zoo.forward_backward(model)
-    assert time.perf_counter() - start < 5.0  # well under a second on a free core; the margin is for a busy one
+    # Tiny: a text tower of at most a few hundred thousand parameters (the census's seconds are its timing, not a test).
+    assert sum(p.numel() for p in model.get_decoder().parameters()) < 1_000_000
     assert torch.isfinite(torch.tensor(loss))
     assert all(p.grad is not None for p in model.get_output_embeddings().parameters())
     got = zoo.traits(model)
