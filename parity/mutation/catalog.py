@@ -1289,8 +1289,8 @@ MUTANTS = [
            "TensorParallel_Layer._freeze_partition_sizes moves one row of the split from TP rank 0 to rank 1: the "
            "head is sharded self-consistently, but not as the partition formula says",
            "deepspeed.module_inject.layers.TensorParallel_Layer._freeze_partition_sizes",
-           "structure[<head>.weight] (the built shard's shape against the formula's slice)", (COLUMN, VOCAB),
-           _partition_row_moved),
+           "structure[<head>.weight] (the built shard's shape against the formula's slice)",
+           (COLUMN, VOCAB, INFERENCE, UC_COLUMN), _partition_row_moved),
     Mutant("column_backward_no_allreduce",
            "ColumnParallel.backward returns the local input gradient without its all-reduce: the gradient "
            "reaching the head input misses the other shards' terms",

@@ -7,6 +7,7 @@ recording the lookup, loss, shard gradient and weights. Details: docs/subjects.m
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 
@@ -69,7 +70,9 @@ class DirectVocabParallelEmbedding(DeepSpeedSubject):
             table = gemma3_scaled(table)
         layer = VocabParallelEmbedding(copy.deepcopy(table).to(ctx.device), groups.get_tensor_model_parallel_group(),
                                        name="embed_tokens")
-        obs.facts["module_types"] = {"embedding": type(layer).__name__}
+        # The layer's class and its own vocab range, TP index and size (structure[embedding.*]); the driver adds the
+        # table's local shape.
+        driver.record_structure(obs, types.SimpleNamespace(embedding=layer), self.claims(values))
 
         def batches(step):
             return [lookup_batch(train, step, micro, values["vocab"], values["hidden"])

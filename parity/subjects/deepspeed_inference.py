@@ -18,7 +18,7 @@ import torch
 from parity.observe import collectives
 from parity.observe.observations import RankObservations
 from parity.subjects.base import NAMED_HEADS, RankContext, case_seed, head_claims
-from parity.subjects.driver import attribute
+from parity.subjects.driver import param_structure, record_structure
 from parity.subjects.loss_only import tp_group
 from parity.subjects.deepspeed_autotp import (CLEAN_STATE, DeepSpeedSubject, engine_dtype_requirements,
                                              reset_deepspeed_state, setup_deepspeed, user_mpu)
@@ -190,9 +190,12 @@ class InferenceHead(DeepSpeedSubject):
         engine = deepspeed.init_inference(model, tensor_parallel=tensor_parallel, dtype=dtype,
                                           replace_with_kernel_inject=False,
                                           injection_policy={type(model): ("proj",)})
-        obs.facts["module_types"] = {path: type(attribute(engine.module, path)).__name__
-                                     for path in self.claims(values).module_types}
-        for name, p in engine.module.named_parameters():
+        # What init_inference built, before the forward: the claimed modules and each parameter's local shape
+        # (structure[...], parity/checks/compare.py check_structure).
+        record_structure(obs, engine.module, self.claims(values))
+        params = dict(engine.module.named_parameters())
+        obs.facts["structure"]["params"] = {name: param_structure(p) for name, p in params.items()}
+        for name, p in params.items():
             obs.record("weight", -1, None, name, p)
         reduces = []
         backend = ds_comm.cdb

@@ -205,13 +205,15 @@ class UniversalResume:
             engine = self.engine(values, train, model, load_universal=True)
             try:
                 head = attribute(model, self.head_values(values)["head"])
-                obs.facts["module_types"] = {path: type(attribute(model, path)).__name__
-                                             for path in self.claims(values).module_types}
                 obs.facts["rank_decisions"] = rank_decisions(engine, head)
                 params = dict(model.named_parameters())
                 for name, p in params.items():
                     obs.record("weight", -1, None, name, p)  # the user's model as built, before the load
                 engine.load_checkpoint(directory)
+                # What the resumed engine holds once loaded, as a user checks it: the claimed modules and each
+                # parameter's TP-local shape (structure[...], parity/checks/compare.py check_structure).
+                driver.record_structure(obs, model, self.claims(values))
+                obs.facts["structure"]["params"] = {name: driver.param_structure(p) for name, p in params.items()}
                 # AdamW's own step count (its bias correction) on every flat partition the torch optimizer steps.
                 steps = sorted({float(st["step"]) for st in engine.optimizer.optimizer.state.values() if "step" in st})
                 obs.facts["resumed"] = {"global_steps": int(engine.global_steps), "optimizer_steps": steps,

@@ -84,3 +84,55 @@ def test_a_gathered_head_where_the_claims_shard_the_logits_fails():
 
 def test_a_rank_that_recorded_no_structure_fails():
     assert set(failed(judge({0: built(0), 1: None}))) == {("structure", 1)}
+
+
+def judge_subject(subject, values, full, structures):
+    """check_structure with a subject's own claims at ``values`` (its grain and split) over ``full`` shapes."""
+    c = object.__new__(Comparison)
+    c.values = resolve(SUBJECTS[subject], values)
+    c.claims = SUBJECTS[subject].claims(c.values)
+    c.tp, c.grain, c.split, c.checks = c.values["tp"], c.values.optional("grain", 1), c.claims.split, []
+    c.reference = Trajectory(records={("weight", -1, None, None, n): torch.zeros(s) for n, s in full.items()})
+    c.obs = {}
+    for r, structure in structures.items():
+        o = RankObservations(r, r % c.tp, r // c.tp)
+        o.facts["structure"] = structure
+        c.obs[r] = o
+    c.check_structure()
+    return c.checks
+
+
+INFERENCE_FULL = {"lm_head.weight": (34, 32), "lm_head.bias": (34,)}
+
+
+def inference_built(columns, tp_rank, tp=2):
+    """What init_inference builds: LmHeadLinearAllreduce with ``columns`` of the hidden dim, the bias whole."""
+    return {"params": {"lm_head.weight": {"shape": (34, columns)}, "lm_head.bias": {"shape": (34,)}},
+            "modules": {"lm_head": {"class": "LmHeadLinearAllreduce", "tp_world_size": tp, "tp_index": tp_rank}}}
+
+
+def test_the_inference_heads_hidden_slice_passes_and_a_cached_groups_quarter_fails():
+    values = {"vocab": 34, "hidden": 32, "tp": 2}
+    ok = judge_subject("inference_head", values, INFERENCE_FULL, {r: inference_built(16, r) for r in range(2)})
+    assert failed(ok) == {}
+    assert {"structure[lm_head.weight]", "structure[lm_head.bias]", "structure[lm_head.tp_index]"} <= {
+        ch.name for ch in ok}
+    # A second engine that took an earlier tp-4 engine's group: a quarter of the hidden dim, index r of 4.
+    found = failed(judge_subject("inference_head", values, INFERENCE_FULL,
+                                 {r: inference_built(8, r, tp=4) for r in range(2)}))
+    assert set(found) == {(f"structure[lm_head.{c}]", r) for c in ("weight", "tp_index") for r in range(2)}
+    assert "expected (34, 16): [0, 16) of 32 along dim 1" in found[("structure[lm_head.weight]", 0)]
+
+
+def test_a_resumed_vocab_parallel_head_is_held_to_the_resumed_layout():
+    values = {"vocab": 35, "hidden": 8, "tp": 2, "save_tp": 2, "dp": 1}
+    full = {"lm_head.weight": (35, 8), "lm_head.bias": (35,), "proj.weight": (8, 8)}
+
+    def resumed(rows, r):
+        return {"params": {"lm_head.weight": {"shape": (rows, 8)}, "lm_head.bias": {"shape": (rows,)},
+                           "proj.weight": {"shape": (8, 8)}},
+                "modules": {"lm_head": {"class": "VocabParallelLinear", "tp_world_size": 2, "tp_index": r}}}
+
+    assert failed(judge_subject("uc_vocab_parallel", values, full, {0: resumed(18, 0), 1: resumed(17, 1)})) == {}
+    found = failed(judge_subject("uc_vocab_parallel", values, full, {0: resumed(17, 0), 1: resumed(18, 1)}))
+    assert {name for name, _ in found} == {"structure[lm_head.weight]", "structure[lm_head.bias]"}
