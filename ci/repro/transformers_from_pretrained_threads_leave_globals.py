@@ -8,7 +8,7 @@ the default dtype stays another load's, for the rest of the process. Every later
 reports its head MISSING and gives it fresh random weights apart from the embedding; the load only prints a
 report. A user who loads two models at once (a server, an evaluation thread beside training) meets it.
 
-Run (CPU, one process, under a minute): python ci/repro/transformers_from_pretrained_threads_leave_globals.py
+Run (CPU, one process, about a minute at most): python ci/repro/transformers_from_pretrained_threads_leave_globals.py
 Exit status 1 while a later, sequential load is left untied or the globals stay replaced; 0 once they are
 restored.
 
@@ -45,25 +45,18 @@ def main() -> int:
         checkpoint(directory)
         alone = load(directory, torch.float32)  # one load at a time: tied, globals put back
         print(f"one load at a time: head tied {tied(alone)}, default dtype {torch.get_default_dtype()}")
-        stop = threading.Event()
-
-        def loads(dtype):
-            while not stop.is_set():
-                load(directory, dtype)
-
-        threads = [threading.Thread(target=loads, args=(dtype,)) for dtype in (torch.bfloat16, torch.float32)]
-        for t in threads:
-            t.start()
-        for _ in range(200):  # until the globals are left replaced (usually within a few loads), at most ~30 s
+        for attempt in range(1, 21):  # rounds of two threads at once, until a round leaves the globals replaced
+            threads = [threading.Thread(target=lambda d=dtype: [load(directory, d) for _ in range(2)])
+                       for dtype in (torch.bfloat16, torch.float32)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             if PreTrainedModel.tie_weights is not TIE_WEIGHTS or torch.get_default_dtype() != torch.float32:
                 break
-            stop.wait(0.15)
-        stop.set()
-        for t in threads:
-            t.join()
         left = {"PreTrainedModel.tie_weights": PreTrainedModel.tie_weights.__qualname__,
                 "default dtype": str(torch.get_default_dtype())}
-        print(f"after loads in two threads: {left}")
+        print(f"after {attempt} rounds of loads in two threads: {left}")
         later = load(directory, torch.float32)  # one load, nothing else running
         wrong = [n for n, p in later.named_parameters() if p.dtype != torch.float32]
         print(f"a later load alone: head tied {tied(later)}, parameters not float32: {len(wrong)}")
