@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,15 @@ from parity.settings import DEFAULT_CASE_TIMEOUT_S, RunSettings
 # 140 s, load average 227 on 2 cores). 12 keeps the usual 2-, 3- and 4-rank groups warm together and
 # closes the least recently used ones for a larger group; about 5 GB per Runner.
 DEFAULT_MAX_LIVE_RANKS = 12
+
+
+# One thread of the parent at a time runs a subject's code: its references (the reference thread) and the
+# comparison that builds its claims and reruns its reference under rounding noise (the judge thread). A
+# library's model load swaps process globals for its duration with save-and-restore context managers
+# (transformers' from_pretrained: torch's default dtype, PreTrainedModel.tie_weights, torch's init
+# functions); two loads interleaved in two threads restore each other's replacements and leave them in
+# place (findings/transformers_from_pretrained_threads_leave_globals.toml). Ranks still overlap both.
+SUBJECT_CODE = threading.RLock()
 
 
 # A job process holds up to DEFAULT_MAX_LIVE_RANKS ranks of about 420 MB each, plus its own
@@ -272,9 +282,10 @@ def skip_verdict(case: Case, strict: bool) -> Verdict | None:
 def timed_reference_pair(subject, values, references: ReferenceCache | None = None):
     """The reference pair (kept in references, where given) and the seconds it took where it ran (a
     thread of its own, overlapping rank work)."""
-    start = time.monotonic()
-    pair = references.pair(subject, values) if references is not None else reference_pair(subject, values)
-    return pair, time.monotonic() - start
+    with SUBJECT_CODE:
+        start = time.monotonic()
+        pair = references.pair(subject, values) if references is not None else reference_pair(subject, values)
+        return pair, time.monotonic() - start
 
 
 def judge(case: Case, outcome, strict: bool, mode: str = "", reference=None, timing: dict | None = None,
@@ -313,7 +324,7 @@ def _judge(case, subject, values, outcome, strict, reference_future=None, timing
                                          or _inline(timed_reference_pair, subject, values, references)).result()
     if timing is not None:
         timing["reference_compute"] = computed
-    with phase(timing, "comparison"):
+    with phase(timing, "comparison"), SUBJECT_CODE:
         checks = compare(subject, values, outcome.observations, reference, oracle, dict(case.collectives))
     if not any(c.measured is not None for c in checks):
         return Verdict(case, FAILED, checks=checks, reason="no numerical check ran")

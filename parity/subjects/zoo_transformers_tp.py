@@ -184,6 +184,19 @@ class ZooTransformersTP(Subject):
     axes = AXES
     defaults = {"vocab": zoo.VOCAB}
     reference_imports = ("transformers.models.auto.modeling_auto",)
+    # What from_pretrained swaps for its duration and two loads at once leave swapped
+    # (findings/transformers_from_pretrained_threads_leave_globals.toml), as reset_process_state reports it.
+    clean_state = {"default_dtype": "torch.float32", "tie_weights": "PreTrainedModel.tie_weights",
+                   "init_weights": "PreTrainedModel.init_weights"}
+
+    def reset_process_state(self, ctx) -> dict:
+        """Reported, not put back (the originals are gone once replaced): a rank loads one model at a time, so a
+        replaced one fails the next case's process_state_reset check by name."""
+        from transformers.modeling_utils import PreTrainedModel
+
+        return {"default_dtype": str(torch.get_default_dtype()),
+                "tie_weights": PreTrainedModel.tie_weights.__qualname__,
+                "init_weights": PreTrainedModel.init_weights.__qualname__}
 
     def world_size(self, values):
         return values["tp"]

@@ -63,3 +63,14 @@ def test_full_file_lists_every_architecture_outside_the_default_matrix():
     cases = load([full])
     assert sorted(c.values["arch"] for c in cases) == sorted(ARCHITECTURES)
     assert {(c.subject, c.values["dtype"], c.values["tp"]) for c in cases} == {(NAME, "fp32", 2)}
+
+
+def test_process_state_names_what_a_load_left_replaced():
+    """clean in a process that loaded nothing at once; a swap from_pretrained makes (no_tie_weights) reads as dirty."""
+    from transformers import initialization as init
+
+    subject = SUBJECTS[NAME]
+    assert subject.reset_process_state(None) == subject.clean_state
+    with init.no_tie_weights():
+        assert subject.reset_process_state(None)["tie_weights"] != subject.clean_state["tie_weights"]
+    assert subject.reset_process_state(None) == subject.clean_state
