@@ -193,6 +193,17 @@ def move_media_ids(model) -> None:
         setattr(model.config, key, text.vocab_size + 1000 + i)
 
 
+def head_input_hook(model, sink) -> None:
+    """The head's input and its gradient (references.tiny_lm.capture_head_input_and_grad), at the module the model's
+    get_output_embeddings() returns (after AutoTP: the module that replaced the head; under transformers' TP the same
+    module with its forward replaced, so the pre-hook sees the plain hidden state before the style's input transform)."""
+    def pre_hook(module, args):
+        sink["x"] = args[0].detach()
+        args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
+
+    model.get_output_embeddings().register_forward_pre_hook(pre_hook)
+
+
 class ZooHead(EngineHead):
     """A zoo architecture through deepspeed.initialize; subclasses say what DeepSpeed is told of the head."""
     axes = ZOO_AXES
@@ -255,14 +266,7 @@ class ZooHead(EngineHead):
         out = engine(**model_inputs(engine.module, batch))
         return out.loss, out.logits
 
-    def capture_head_input(self, model, sink):
-        """The head's input and its gradient (references.tiny_lm.capture_head_input_and_grad), at the module the
-        model's get_output_embeddings() returns (after AutoTP: the module that replaced the head)."""
-        def pre_hook(module, args):
-            sink["x"] = args[0].detach()
-            args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
-
-        model.get_output_embeddings().register_forward_pre_hook(pre_hook)
+    capture_head_input = staticmethod(head_input_hook)
 
     def model_facts(self, model):
         return {"hf_tp_plan": dict(effective_hf_plan(model))}

@@ -24,8 +24,8 @@ from parity.subjects.base import Claims, RankContext, Subject
 from parity.subjects.driver import record_structure
 from parity.subjects.plain_sgd import PlainSGD
 from parity.subjects.torch_tp import TorchTPHead, _as_param, _grad_placements
-from parity.subjects.zoo import (census_rows, freeze_other_towers, hf_plan, model_inputs, move_media_ids,
-                                 plan_style)
+from parity.subjects.zoo import (census_rows, freeze_other_towers, head_input_hook, hf_plan, model_inputs,
+                                 move_media_ids, plan_style)
 from references import zoo
 from references.tiny_lm import ModelSpec
 from references.trajectory import Trajectory, train_reference
@@ -238,14 +238,7 @@ class ZooTransformersTP(Subject):
                                compute_dtype, build=lambda dtype: self.build(values, dtype), forward=forward,
                                capture=self.capture_head_input)
 
-    def capture_head_input(self, model, sink):
-        """The head's input and its gradient, at the module get_output_embeddings() returns (TP keeps the module and
-        replaces its forward; a pre-hook sees the plain hidden state before the style's input transform)."""
-        def pre_hook(module, args):
-            sink["x"] = args[0].detach()
-            args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
-
-        model.get_output_embeddings().register_forward_pre_hook(pre_hook)
+    capture_head_input = staticmethod(head_input_hook)
 
     # -- ranks ----------------------------------------------------------------------------------------
     def run_rank(self, values: dict, ctx: RankContext) -> RankObservations:
