@@ -195,8 +195,8 @@ def move_media_ids(model) -> None:
 
 def head_input_hook(model, sink) -> None:
     """The head's input and its gradient (references.tiny_lm.capture_head_input_and_grad), at the module the model's
-    get_output_embeddings() returns (after AutoTP: the module that replaced the head; under transformers' TP the same
-    module with its forward replaced, so the pre-hook sees the plain hidden state before the style's input transform)."""
+    get_output_embeddings() returns (after AutoTP: the module that replaced the head; under transformers' TP the
+    same module with its forward replaced: the pre-hook sees the hidden state before the style's input transform)."""
     def pre_hook(module, args):
         sink["x"] = args[0].detach()
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
