@@ -14,7 +14,7 @@ from pathlib import Path
 from parity.axes import ARCHITECTURES
 
 # The table's columns: (heading, subject, the axis values of that path's cases). cases/zoo/full.toml runs each at
-# fp32, TP 2, ZeRO 0.
+# fp32, TP 2, ZeRO 0; cases/zoo/full_transformers_tp.toml at fp32, TP 2 (it has no ZeRO axis).
 PATHS = (
     ("hf plan", "zoo_hf_plan", {}),
     ("hf plan, vocab parallel", "zoo_vocab_parallel", {}),
@@ -22,9 +22,11 @@ PATHS = (
     ("heuristic, vocab parallel", "zoo_heuristic", {"vocab_parallel_lm_head": "true"}),
     ("preset", "zoo_preset", {"vocab_parallel_lm_head": "false"}),
     ("preset, vocab parallel", "zoo_preset", {"vocab_parallel_lm_head": "true"}),
+    ("transformers tp", "zoo_transformers_tp", {}),
 )
 SUBJECTS = {subject for _, subject, _ in PATHS}
-POINT = {"dtype": "fp32", "zero": 0, "tp": 2}  # the one point of each path the table reads (a run may hold more)
+# The one point of each path the table reads (a run may hold more); an axis a path's cases lack is not compared.
+POINT = {"dtype": "fp32", "zero": 0, "tp": 2}
 REGENERATE = "python -m parity.report.zoo_table {summary} docs/zoo-compat.md"
 
 
@@ -97,7 +99,7 @@ def category(text: str) -> str:
 def path_record(cases: list, subject: str, axes: dict, arch: str) -> dict | None:
     """The case of ``subject`` on ``arch`` at POINT and the path's axis values (None: not in the run)."""
     return next((c for c in cases if c["subject"] == subject and c["axes"].get("arch") == arch
-                 and all(c["axes"].get(k) == v for k, v in {**POINT, **axes}.items())), None)
+                 and all(c["axes"].get(k, v) == v for k, v in {**POINT, **axes}.items())), None)
 
 
 def render(summary: dict, summary_path: str) -> str:
@@ -124,9 +126,9 @@ def render(summary: dict, summary_path: str) -> str:
     lines = [
         "# Zoo compatibility (generated)",
         "",
-        f"DeepSpeed AutoTP on every causal-LM architecture of the installed transformers, built tiny "
+        f"DeepSpeed AutoTP and transformers' own TP on every causal-LM architecture of the installed transformers, built tiny "
         f"(references/zoo.py), fp32, TP 2, ZeRO 0, 5 SGD steps against the unsharded model "
-        f"(cases/zoo/full.toml). {versions}. Run: `{summary.get('command', '')}`, {summary.get('wall_seconds')} s.",
+        f"(cases/zoo/full.toml, cases/zoo/full_transformers_tp.toml). {versions}. Run: `{summary.get('command', '')}`, {summary.get('wall_seconds')} s.",
         "",
         f"Regenerate: `{REGENERATE.format(summary=summary_path)}` (tests/report/test_zoo_table.py holds it current).",
         "",
@@ -134,7 +136,8 @@ def render(summary: dict, summary_path: str) -> str:
         "(`zoo_vocab_parallel`): the same with vocab_parallel_lm_head true; heuristic (`zoo_heuristic`): the plan "
         "removed, AutoTP's heuristic parser; preset (`zoo_preset`): tensor_parallel.preset_model of the "
         "architecture's AutoTP preset family (only those rows); each with vocab_parallel_lm_head false, and true "
-        "(the vocab parallel columns). not in this run: the summary holds no such case. passed: every check holds; diverged: a known finding (its reproducer); "
+        "(the vocab parallel columns); transformers tp (`zoo_transformers_tp`): transformers' own tensor parallelism, "
+        "from_pretrained(tp_plan=\"auto\") on DTensor, no DeepSpeed. not in this run: the summary holds no such case. passed: every check holds; diverged: a known finding (its reproducer); "
         "refused: deepspeed.initialize refused the model (unsupported plan styles, no AutoTP policy, an embedding "
         "it cannot shard); cannot run: skipped, the census reason; failed: not yet explained (a check or an error).",
         "",

@@ -39,17 +39,20 @@ def test_table_rows_are_the_installed_mapping():
 
 def test_a_column_per_path_read_at_fp32_tp2_zero0():
     """Each path is one column; a path's cell reads its TP-2 fp32 ZeRO-0 case (a run holding TP 3 too changes
-    nothing), and the preset columns say "no preset" outside the preset families."""
+    nothing; the transformers TP path has no ZeRO axis), and the preset columns say "no preset" outside the preset
+    families."""
     def case(subject, arch, verdict, **axes):
         return {"subject": subject, "verdict": verdict,
                 "axes": {"arch": arch, "dtype": "fp32", "zero": 0, "tp": 2, **axes}}
 
     summary = {"cases": [case("zoo_heuristic", "llama", "failed", tp=3, vocab_parallel_lm_head="false"),
                          case("zoo_heuristic", "llama", "passed", vocab_parallel_lm_head="false"),
-                         case("zoo_preset", "llama", "passed", vocab_parallel_lm_head="true")]}
+                         case("zoo_preset", "llama", "passed", vocab_parallel_lm_head="true"),
+                         {"subject": "zoo_transformers_tp", "verdict": "passed",
+                          "axes": {"arch": "llama", "dtype": "fp32", "tp": 2}}]}
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in zoo_table.render(summary, "s.json").splitlines() if line.startswith("| ")}
     assert rows["architecture"] == [path for path, _, _ in zoo_table.PATHS]
     assert rows["llama"] == ["not in this run", "not in this run", "passed", "not in this run", "not in this run",
-                             "passed"]
-    assert rows["gpt2"][4:] == ["no preset", "no preset"]
+                             "passed", "passed"]
+    assert rows["gpt2"][4:] == ["no preset", "no preset", "not in this run"]
