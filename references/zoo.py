@@ -31,6 +31,9 @@ LAYERS = 2  # text stacks; a wrapper's other towers (vision, audio) get VISION_L
 VISION_LAYERS = 1
 EXPERTS, TOP_K = 4, 2
 SLIDING_WINDOW = 4  # shorter than the census's 6 tokens, so the window masks something
+SSM_CHUNK = 4  # a state-space scan's chunk: shorter than 6 tokens, so the scan carries state across chunks
+SSM_STATE = 16  # a state-space layer's state size
+SSM_STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size")
 MLA = {"kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
 WIDE = 32  # any other width field (*_size, *_dim) above WIDE_OVER
 WIDE_OVER = 64
@@ -163,6 +166,12 @@ def _shrink(cls, d: dict, text: bool) -> dict:
             out[k] = 1
     if "attn_layer_indices" in d and (d["attn_layer_indices"] is None or len(d["attn_layer_indices"]) > 1):
         out["attn_layer_indices"] = [LAYERS - 1]  # Bamba-style hybrids: unset means no attention layer at all
+    # Mamba-2 scans pad every sequence to a whole chunk (256 by default) and carry a state of 128-256 per head:
+    # left at their defaults, a tiny model spends seconds per forward there, so both are shrunk as other widths are.
+    if any(k in d for k in SSM_STATE_KEYS):
+        for k, v in (("mamba_chunk_size", SSM_CHUNK), ("chunk_size", SSM_CHUNK)) + tuple((k, SSM_STATE) for k in SSM_STATE_KEYS):
+            if isinstance(d.get(k), int) and d[k] > v:
+                out[k] = v
     if isinstance(d.get("axial_pos_embds_dim"), list):
         out["axial_pos_embds_dim"] = [hidden // 2, hidden - hidden // 2]  # Reformer: they must sum to hidden
     # Leading dense layers before the MoE ones: one, so the second layer is an MoE layer.
