@@ -12,6 +12,7 @@ import os
 import re
 import types
 from importlib.util import find_spec
+from unittest import mock
 
 import torch
 
@@ -99,11 +100,10 @@ def _init_groups_under_detail(groups, tp: int) -> None:
 
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     dist.set_debug_level(dist.DebugLevel.DETAIL)
-    groups._init_tp_groups_with_new_group = new_group_path
     try:
-        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        with mock.patch.object(groups, "_init_tp_groups_with_new_group", new_group_path):
+            groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
     finally:
-        groups._init_tp_groups_with_new_group = original
         dist.set_debug_level(saved_level)
         if saved_env is None:
             os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
@@ -225,13 +225,10 @@ def reports_grad_norm(values: dict) -> bool:
 
 def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: int) -> None:
     """Each rank's own (TP-local) weights; ZeRO-3 first gathers what it partitioned across ranks."""
-    if zero_stage != 3:
-        for name, p in params.items():
-            obs.record("weight", step, None, name, p)
-        return
     import deepspeed
 
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+    with (deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None) if zero_stage == 3
+          else contextlib.nullcontext()):
         for name, p in params.items():
             obs.record("weight", step, None, name, p)
 
@@ -342,18 +339,15 @@ class _RecordingFunction:
 def record_loss_backend(log: list):
     """Observe which vocabulary-parallel CE implementation each call actually ran."""
     ce = importlib.import_module("deepspeed.sequence.cross_entropy")
-    torch_fn, liger_fn = ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy
+    liger_fn = ce._liger_vocab_cross_entropy
 
     def liger_recorded(*args, **kwargs):
         log.append("liger")
         return liger_fn(*args, **kwargs)
 
-    ce._VocabParallelCrossEntropy = _RecordingFunction(torch_fn, "torch", log)
-    ce._liger_vocab_cross_entropy = liger_recorded
-    try:
+    torch_recorded = _RecordingFunction(ce._VocabParallelCrossEntropy, "torch", log)
+    with mock.patch.multiple(ce, _VocabParallelCrossEntropy=torch_recorded, _liger_vocab_cross_entropy=liger_recorded):
         yield
-    finally:
-        ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
 
 
 def backend_per_micro(log: list, backends: dict):
@@ -392,13 +386,9 @@ def claimed_triton(active: bool):
         yield
         return
     ce = importlib.import_module("deepspeed.sequence.cross_entropy")
-    original = ce.get_accelerator
-    proxy = _TritonClaimingAccelerator(original())
-    ce.get_accelerator = lambda: proxy
-    try:
+    proxy = _TritonClaimingAccelerator(ce.get_accelerator())
+    with mock.patch.object(ce, "get_accelerator", lambda: proxy):
         yield
-    finally:
-        ce.get_accelerator = original
 
 
 def use_default_specs(values: dict) -> dict:

@@ -421,15 +421,12 @@ class DeepSpeedRejection(DeepSpeedSubject):
 
         engine.compile()
         before = _engine_state(model)
-        ids = _probe_ids(spec)
-        saved, torch._dynamo.config.disable = torch._dynamo.config.disable, True
         try:
-            _, logits = engine(input_ids=ids.to(ctx.device))
+            with torch._dynamo.config.patch(disable=True):
+                _, logits = engine(input_ids=_probe_ids(spec).to(ctx.device))
         except Exception as exc:
             exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
             raise
-        finally:
-            torch._dynamo.config.disable = saved
         raise AssertionError(f"accepted: the eager forward after engine.compile() returned logits of shape "
                              f"{tuple(logits.shape)} ({type(engine.module.lm_head).__name__})")
 
