@@ -44,6 +44,8 @@ AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # subclasses LinearLayer, LinearAllreduceWithReplicatedInput subclasses LinearAllreduce).
 AUTOTP_BASE_CLASS = {"LinearLayer": "LinearLayer", "VocabParallelLinear": "LinearLayer",
                      "LinearAllreduceWithReplicatedInput": "LinearAllreduce"}
+# proj's spec in every partition_config of the engine heads: the tiny LM's hidden projection stays replicated.
+SKIP_PROJ = {"patterns": [r"proj\.weight$"], "partition_type": "skip"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
@@ -389,6 +391,16 @@ def claimed_triton(active: bool):
     proxy = _TritonClaimingAccelerator(ce.get_accelerator())
     with mock.patch.object(ce, "get_accelerator", lambda: proxy):
         yield
+
+
+def head_spec(head: str, partition_type: str, **more) -> dict:
+    """A partition_config layer spec for the weight of the head at path ``head``."""
+    return {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": partition_type, **more}
+
+
+def skip_proj_specs(*specs, **options) -> dict:
+    """tensor_parallel's partition_config with no default specs, proj replicated and ``specs`` after it."""
+    return {"partition_config": {"use_default_specs": False, **options, "layer_specs": [dict(SKIP_PROJ), *specs]}}
 
 
 def use_default_specs(values: dict) -> dict:
@@ -828,15 +840,11 @@ class ColumnGatheredHead(EngineHead):
             "clip_key": None}
 
     def tensor_parallel_config(self, values):
-        head = values["head"]
         # grad_allreduce on proj's skip spec: proj is replicated and reads the whole (replicated) hidden state, so
         # its gradient is already the full one on every rank; the claims and the reference stay plain torch's.
-        proj = {"patterns": [r"proj\.weight$"], "partition_type": "skip",
-                **({"grad_allreduce": True} if values.optional("grad_allreduce", False) else {})}
+        proj = {**SKIP_PROJ, **({"grad_allreduce": True} if values.optional("grad_allreduce", False) else {})}
         return {"partition_config": {**use_default_specs(values), "layer_specs": [
-            proj,
-            {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "column", "gather_output": True},
-        ]}}
+            proj, head_spec(values["head"], "column", gather_output=True)]}}
 
     def claims(self, values):
         return head_claims(values["head"], "LinearLayer", 0, reports_grad_norm=reports_grad_norm(values))
@@ -865,8 +873,7 @@ class VocabParallelHead(EngineHead):
         # A head with another name is a head only if the user says so (auto_tp._is_lm_head_name).
         patterns = {} if leaf in ("lm_head", "embed_out") else {"lm_head_patterns": [leaf]}
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
-                "partition_config": {"use_default_specs": False, **patterns, "layer_specs": [
-                    {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
+                **skip_proj_specs(**patterns)}
 
     def claims(self, values):
         return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True,
