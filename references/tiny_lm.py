@@ -192,13 +192,14 @@ def build_model(spec: ModelSpec, seed: int, dtype: torch.dtype) -> TinyCausalLM:
         return (TinyLlamaModel if spec.blocks else TinyCausalLM)(spec).to(dtype)
 
 
-def capture_head_input_and_grad(model: TinyCausalLM, sink: dict) -> None:
+def capture_head_input_and_grad(model: TinyCausalLM, sink: dict, head: nn.Module | None = None) -> None:
     """After each forward, sink["x"] holds the head's input (the logits stage's input, parity/checks/
-    stages.py); after each backward, sink["h"] the gradient that reached it."""
+    stages.py); after each backward, sink["h"] the gradient that reached it. ``head``: the module taken for the
+    head where it is not the tiny LM's ``model.head`` (another model's)."""
 
     def pre_hook(module, args):
         sink["x"] = args[0].detach()
         args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
         # returning None keeps the head's input unchanged
 
-    model.head.register_forward_pre_hook(pre_hook)
+    (model.head if head is None else head).register_forward_pre_hook(pre_hook)

@@ -199,6 +199,18 @@ class Comparison:
             detail += f"; {int(expected_inf.sum())} infinite as in torch"
         self.add(name, finite and judged.passed, measured=judged.measured, bound=judged.bound, detail=detail, **where)
 
+    def expected(self, key, view=None):
+        """The reference's and the oracle's record ``key`` (kind, step, micro, dp, name), seen through ``view``."""
+        ref, orc = (which.get(*key).numpy() for which in (self.reference, self.oracle))
+        return (ref, orc) if view is None else (view(ref), view(orc))
+
+    def close_record(self, name, got, key, view=None, **where):
+        """close() of ``got`` against record ``key`` (expected), with that record's rounding samples; returns the
+        (reference, oracle) it was held to."""
+        ref, orc = self.expected(key, view)
+        self.close(name, got, ref, orc, self.sampled_error(*key, view), kind=key[0], **where)
+        return ref, orc
+
     def exact(self, name, got, want, **where) -> None:
         if got is None or got.shape != want.shape:
             self.add(name, False, detail="not observed" if got is None else f"shape {got.shape} != {want.shape}",
@@ -461,12 +473,11 @@ class Comparison:
         for rank, o in sorted(self.obs.items()):
             dp = o.dp_rank
             for kind, dim in self.claims.micro_records.items():
-                ref = self.reference.get(kind, step, micro, dp, None).numpy()
-                orc = self.oracle.get(kind, step, micro, dp, None).numpy()
+                key = (kind, step, micro, dp, None)
                 got = o.get(kind, step, micro, None)
                 view = None
                 if dim is not None:
-                    total = orc.shape[dim]
+                    total = self.oracle.get(*key).shape[dim]
                     want_width = split_sizes(total, self.tp, self.grain, self.split)[o.tp_rank]
                     width = None if got is None else got.shape[dim]
                     self.add(f"shard_width[{kind}]", width == want_width, step=step, micro=micro, rank=rank,
@@ -474,12 +485,10 @@ class Comparison:
 
                     def view(a, dim=dim, total=total, tp_rank=o.tp_rank):
                         return _take(a, dim % a.ndim, total, self.tp, tp_rank, self.grain, self.split)
-                    ref, orc = view(ref), view(orc)
                 if kind in self.claims.exact_records:
-                    self.exact(kind, got, ref, step=step, micro=micro, rank=rank)
+                    self.exact(kind, got, self.expected(key, view)[0], step=step, micro=micro, rank=rank)
                 else:
-                    self.close(kind, got, ref, orc, self.sampled_error(kind, step, micro, dp, None, view), kind=kind,
-                               step=step, micro=micro, rank=rank)
+                    self.close_record(kind, got, key, view, step=step, micro=micro, rank=rank)
                 if dim is not None and o.tp_rank == 0:
                     self.check_assembled(kind, dim, step, micro, dp)
 
@@ -751,9 +760,7 @@ class Comparison:
         except ValueError as exc:
             self.add(f"assembled[{kind}]", False, step=step, micro=micro, detail=str(exc))
             return
-        self.close(f"assembled[{kind}]", assembled, self.reference.get(kind, step, micro, dp, None).numpy(),
-                   self.oracle.get(kind, step, micro, dp, None).numpy(),
-                   self.sampled_error(kind, step, micro, dp, None), kind=kind, step=step, micro=micro)
+        self.close_record(f"assembled[{kind}]", assembled, (kind, step, micro, dp, None), step=step, micro=micro)
 
     def reference_skipped(self) -> set:
         """The steps plain torch's GradScaler skipped in the reference (references/grad_scaler.py): an empty set
@@ -792,15 +799,11 @@ class Comparison:
         coefficient_error = clip_coefficient_error(self.claims.reports_grad_norm, observed[1]) if observed else 0.0
         for rank, o in sorted(self.obs.items()):
             for name in names:
-                ref_g = self._record_view(self.reference, "grad", step, name, rank)
-                orc_g = self._record_view(self.oracle, "grad", step, name, rank)
-                got_g = o.get("grad", step, None, name)
-
                 def view(a, name=name, rank=rank):
                     return self._param_view(name, a, rank)
-                self.close(f"grad[{name}]", got_g, ref_g, orc_g,
-                           sampled=self.sampled_error("grad", step, None, None, name, view), kind="grad", step=step,
-                           rank=rank)
+                got_g = o.get("grad", step, None, name)
+                ref_g, orc_g = self.close_record(f"grad[{name}]", got_g, ("grad", step, None, None, name), view,
+                                                 step=step, rank=rank)
                 # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
                 # is ignored): a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool((orc_g != 0).any())
@@ -814,12 +817,9 @@ class Comparison:
                              detail=("gradient all zeros, within its bound of the oracle's" if unresolved else
                                      f"gradient {'all zeros' if oracle_moves else 'nonzero'}, "
                                      f"oracle's {'nonzero' if oracle_moves else 'all zeros'}"))
-                ref_w = self._record_view(self.reference, "weight", step, name, rank)
-                orc_w = self._record_view(self.oracle, "weight", step, name, rank)
                 got_w = o.get("weight", step, None, name)
-                self.close(f"weight[{name}]", got_w, ref_w, orc_w,
-                           sampled=self.sampled_error("weight", step, None, None, name, view), kind="weight",
-                           step=step, rank=rank)
+                self.close_record(f"weight[{name}]", got_w, ("weight", step, None, None, name), view, step=step,
+                                  rank=rank)
                 prev = o.get("weight", step - 1, None, name)
                 if got_w is None or prev is None or got_g is None or not got_w.shape == prev.shape == got_g.shape:
                     continue  # already failed above, as not observed or of the wrong shape
@@ -828,11 +828,8 @@ class Comparison:
                                         step, rank,
                                         clipped=self.train.clip > 0, coefficient_error=coefficient_error)
             if self.claims.reports_grad_norm:
-                self.close("grad_norm", o.get("grad_norm", step, None, None),
-                           self.reference.get("grad_norm", step, None, None, None).numpy(),
-                           self.oracle.get("grad_norm", step, None, None, None).numpy(),
-                           sampled=self.sampled_error("grad_norm", step, None, None, None), kind="grad_norm",
-                           step=step, rank=rank)
+                self.close_record("grad_norm", o.get("grad_norm", step, None, None),
+                                  ("grad_norm", step, None, None, None), step=step, rank=rank)
 
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
         """A weight must move when the gradient is nonzero and stay put when it is zero. A step the
@@ -982,10 +979,7 @@ class Comparison:
             ref_dtype = layouts.get(("weight", last, None, None, name), (None,))[0]
             if got is not None:
                 self.add(f"saved_dtype[{key}]", dtype == ref_dtype, rank=0, detail=f"saved {dtype}, model {ref_dtype}")
-            ref_w = self.reference.get("weight", last, None, None, name).numpy()
-            orc_w = self.oracle.get("weight", last, None, None, name).numpy()
-            self.close(f"saved_weight[{key}]", got, ref_w, orc_w,
-                       sampled=self.sampled_error("weight", last, None, None, name), kind="weight", rank=0)
+            self.close_record(f"saved_weight[{key}]", got, ("weight", last, None, None, name), rank=0)
 
     def check_replicas_agree(self) -> None:
         """Replicated values must be bitwise identical on every rank that holds them."""

@@ -97,23 +97,16 @@ def check_trained_on(comparison) -> None:
 
     if "save_tp" not in comparison.values:
         return
-    ref, orc = comparison.reference, comparison.oracle
     names = comparison.initial_names()
     for rank, o in sorted(comparison.obs.items()):
         for step in range(SAVED_AFTER - 1, comparison.train.steps):
             for name in names:
                 def view(a, name=name, rank=rank):
                     return comparison._param_view(name, a, rank)
-                comparison.close(f"weight[{name}]", o.get("weight", step, None, name),
-                                 view(ref.get("weight", step, None, None, name).numpy()),
-                                 view(orc.get("weight", step, None, None, name).numpy()),
-                                 sampled=comparison.sampled_error("weight", step, None, None, name, view),
-                                 kind="weight", step=step, rank=rank)
+                comparison.close_record(f"weight[{name}]", o.get("weight", step, None, name),
+                                        ("weight", step, None, None, name), view, step=step, rank=rank)
             if step < SAVED_AFTER:
                 continue
             for micro in range(comparison.values["gas"]):
-                comparison.close("loss", o.get("loss", step, micro, None),
-                                 ref.get("loss", step, micro, o.dp_rank, None).numpy(),
-                                 orc.get("loss", step, micro, o.dp_rank, None).numpy(),
-                                 comparison.sampled_error("loss", step, micro, o.dp_rank, None), kind="loss",
-                                 step=step, micro=micro, rank=rank)
+                comparison.close_record("loss", o.get("loss", step, micro, None), ("loss", step, micro, o.dp_rank, None),
+                                        step=step, micro=micro, rank=rank)

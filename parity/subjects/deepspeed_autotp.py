@@ -12,6 +12,7 @@ import os
 import re
 import types
 from importlib.util import find_spec
+from unittest import mock
 
 import torch
 
@@ -43,6 +44,8 @@ AUTOCAST_MODULES_AXES = {"autocast_modules": None}
 # subclasses LinearLayer, LinearAllreduceWithReplicatedInput subclasses LinearAllreduce).
 AUTOTP_BASE_CLASS = {"LinearLayer": "LinearLayer", "VocabParallelLinear": "LinearLayer",
                      "LinearAllreduceWithReplicatedInput": "LinearAllreduce"}
+# proj's spec in every partition_config of the engine heads: the tiny LM's hidden projection stays replicated.
+SKIP_PROJ = {"patterns": [r"proj\.weight$"], "partition_type": "skip"}
 # The DeepSpeed config keys each dp_reduce value sets (parity/axes.py says what each means).
 DP_REDUCE_CONFIG = {"average": {}, "prescale": {"prescale_gradients": True},
                     "predivide2": {"gradient_predivide_factor": 2.0}, "comm_fp32": {"communication_data_type": "fp32"},
@@ -99,11 +102,10 @@ def _init_groups_under_detail(groups, tp: int) -> None:
 
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     dist.set_debug_level(dist.DebugLevel.DETAIL)
-    groups._init_tp_groups_with_new_group = new_group_path
     try:
-        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        with mock.patch.object(groups, "_init_tp_groups_with_new_group", new_group_path):
+            groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
     finally:
-        groups._init_tp_groups_with_new_group = original
         dist.set_debug_level(saved_level)
         if saved_env is None:
             os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
@@ -225,13 +227,10 @@ def reports_grad_norm(values: dict) -> bool:
 
 def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: int) -> None:
     """Each rank's own (TP-local) weights; ZeRO-3 first gathers what it partitioned across ranks."""
-    if zero_stage != 3:
-        for name, p in params.items():
-            obs.record("weight", step, None, name, p)
-        return
     import deepspeed
 
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+    with (deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None) if zero_stage == 3
+          else contextlib.nullcontext()):
         for name, p in params.items():
             obs.record("weight", step, None, name, p)
 
@@ -342,18 +341,15 @@ class _RecordingFunction:
 def record_loss_backend(log: list):
     """Observe which vocabulary-parallel CE implementation each call actually ran."""
     ce = importlib.import_module("deepspeed.sequence.cross_entropy")
-    torch_fn, liger_fn = ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy
+    liger_fn = ce._liger_vocab_cross_entropy
 
     def liger_recorded(*args, **kwargs):
         log.append("liger")
         return liger_fn(*args, **kwargs)
 
-    ce._VocabParallelCrossEntropy = _RecordingFunction(torch_fn, "torch", log)
-    ce._liger_vocab_cross_entropy = liger_recorded
-    try:
+    torch_recorded = _RecordingFunction(ce._VocabParallelCrossEntropy, "torch", log)
+    with mock.patch.multiple(ce, _VocabParallelCrossEntropy=torch_recorded, _liger_vocab_cross_entropy=liger_recorded):
         yield
-    finally:
-        ce._VocabParallelCrossEntropy, ce._liger_vocab_cross_entropy = torch_fn, liger_fn
 
 
 def backend_per_micro(log: list, backends: dict):
@@ -392,13 +388,19 @@ def claimed_triton(active: bool):
         yield
         return
     ce = importlib.import_module("deepspeed.sequence.cross_entropy")
-    original = ce.get_accelerator
-    proxy = _TritonClaimingAccelerator(original())
-    ce.get_accelerator = lambda: proxy
-    try:
+    proxy = _TritonClaimingAccelerator(ce.get_accelerator())
+    with mock.patch.object(ce, "get_accelerator", lambda: proxy):
         yield
-    finally:
-        ce.get_accelerator = original
+
+
+def head_spec(head: str, partition_type: str, **more) -> dict:
+    """A partition_config layer spec for the weight of the head at path ``head``."""
+    return {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": partition_type, **more}
+
+
+def skip_proj_specs(*specs, **options) -> dict:
+    """tensor_parallel's partition_config with no default specs, proj replicated and ``specs`` after it."""
+    return {"partition_config": {"use_default_specs": False, **options, "layer_specs": [dict(SKIP_PROJ), *specs]}}
 
 
 def use_default_specs(values: dict) -> dict:
@@ -838,15 +840,11 @@ class ColumnGatheredHead(EngineHead):
             "clip_key": None}
 
     def tensor_parallel_config(self, values):
-        head = values["head"]
         # grad_allreduce on proj's skip spec: proj is replicated and reads the whole (replicated) hidden state, so
         # its gradient is already the full one on every rank; the claims and the reference stay plain torch's.
-        proj = {"patterns": [r"proj\.weight$"], "partition_type": "skip",
-                **({"grad_allreduce": True} if values.optional("grad_allreduce", False) else {})}
+        proj = {**SKIP_PROJ, **({"grad_allreduce": True} if values.optional("grad_allreduce", False) else {})}
         return {"partition_config": {**use_default_specs(values), "layer_specs": [
-            proj,
-            {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "column", "gather_output": True},
-        ]}}
+            proj, head_spec(values["head"], "column", gather_output=True)]}}
 
     def claims(self, values):
         return head_claims(values["head"], "LinearLayer", 0, reports_grad_norm=reports_grad_norm(values))
@@ -875,8 +873,7 @@ class VocabParallelHead(EngineHead):
         # A head with another name is a head only if the user says so (auto_tp._is_lm_head_name).
         patterns = {} if leaf in ("lm_head", "embed_out") else {"lm_head_patterns": [leaf]}
         return {"vocab_parallel_lm_head": True, "vocab_parallel_ce_backend": values["backend"],
-                "partition_config": {"use_default_specs": False, **patterns, "layer_specs": [
-                    {"patterns": [r"proj\.weight$"], "partition_type": "skip"}]}}
+                **skip_proj_specs(**patterns)}
 
     def claims(self, values):
         return head_claims(values["head"], "VocabParallelLinear", 0, vocab_loss=True,

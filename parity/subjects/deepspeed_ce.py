@@ -18,7 +18,7 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, NoModel, Subject, case_seed
 from parity.subjects.deepspeed_autotp import claimed_triton, expected_ce_backend, record_loss_backend, setup_deepspeed
-from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, sp_group, tp_group
+from parity.subjects.loss_only import IGNORE_INDEX, SEED, TOKENS, LigerShards, LogitsCE, record_call, sp_group, tp_group
 from parity.observe.dtypes import DTYPES
 from references.cross_entropy import (ce_reference, linear_ce_inputs, linear_ce_reference, sequence_chunk, topk_index,
                                      upstream_objective)
@@ -341,12 +341,7 @@ class DeepSpeedFusedLinearCE(NoModel, Subject):
                 if param is not None:
                     dist.all_reduce(param.grad, group=sequence_group(ctx, values))
         obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["collectives"] = {(0, 0): dict(counts)}
         obs.facts["gemm_dtypes"] = sorted(gemms)
-        obs.record("loss", 0, 0, None, loss)
-        obs.record("hidden_grad", 0, 0, None, hidden.grad)
-        obs.record("weight_grad", 0, 0, None, weight.grad)
-        if bias is not None:
-            obs.record("bias_grad", 0, 0, None, bias.grad)
-        return obs
+        return record_call(obs, counts, loss=loss, hidden_grad=hidden.grad, weight_grad=weight.grad,
+                           bias_grad=None if bias is None else bias.grad)
 

@@ -9,10 +9,10 @@ import dataclasses
 
 from parity.subjects.base import Claims, padding_index
 from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, reports_grad_norm
-from parity.subjects.deepspeed_tied import as_gemma3_embedding, embed_specs, gemma3_unavailable
+from parity.subjects.deepspeed_tied import Gemma3Embedding, embed_specs
 
 
-class EmbeddingSpecHead(ColumnGatheredHead):
+class EmbeddingSpecHead(Gemma3Embedding, ColumnGatheredHead):
     name = "embed_spec_untied"
     feature = None
     description = ("an untied embed_tokens matched by a partition_config spec (hidden-sliced by AutoTP), proj as "
@@ -26,13 +26,6 @@ class EmbeddingSpecHead(ColumnGatheredHead):
         return dataclasses.replace(super().model_spec(values), padding_idx=padding_index(values),
                                    embed_scale=values["embed_scale"] == "gemma3",
                                    scale_grad_by_freq=values["grad_freq"], max_norm=max_norm or None)
-
-    def unavailable_reason(self, values):
-        return gemma3_unavailable(values) or super().unavailable_reason(values)
-
-    def build(self, values, dtype):
-        model = super().build(values, dtype)
-        return as_gemma3_embedding(model) if values["embed_scale"] == "gemma3" else model
 
     def tensor_parallel_config(self, values):
         dim = values["embedding_dim"]

@@ -12,6 +12,7 @@ import functools
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import torch
 
@@ -213,15 +214,13 @@ class InferenceHead(DeepSpeedSubject):
                 counts[f"all_reduce@{tp}"] += 1
             return result
 
-        backend.inference_all_reduce = counted
-        try:
-            batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]  # one input for every rank (prior_tp)
-            # Counted, not asserted: a head init_inference left replicated (a nested model.lm_head)
-            # reduces nothing, and must show as a failed check beside logits that agree, not as a crash.
-            with torch.no_grad(), collectives.recording() as counts:
-                _, logits = engine(batch["input_ids"].to(ctx.device))
-        finally:
-            del backend.inference_all_reduce  # the instance attribute; the class method shows again
+        batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]  # one input for every rank (prior_tp)
+        # Counted, not asserted: a head init_inference left replicated (a nested model.lm_head)
+        # reduces nothing, and must show as a failed check beside logits that agree, not as a crash.
+        # An instance attribute for the forward; the class method shows again after it.
+        with (mock.patch.object(backend, "inference_all_reduce", counted), torch.no_grad(),
+              collectives.recording() as counts):
+            _, logits = engine(batch["input_ids"].to(ctx.device))
         obs.record("logits", 0, 0, None, logits)
         obs.facts["collective_path"] = reduces
         obs.facts["collectives"] = {(0, 0): dict(counts)}

@@ -14,7 +14,7 @@ from parity.observe.observations import RankObservations
 from parity.observe.partition import shard_slice
 from parity.subjects.base import Claims, NoModel, Subject, case_seed
 from parity.subjects.deepspeed_autotp import setup_deepspeed
-from parity.subjects.loss_only import SEED, TOKENS, tp_group
+from parity.subjects.loss_only import SEED, TOKENS, record_call, tp_group
 from references.kl_div import kl_inputs, kl_reference
 from references.trajectory import TrainingSpec
 
@@ -80,13 +80,7 @@ class DeepSpeedVocabParallelKL(NoModel, Subject):
         with collectives.recording() as counts:
             loss = vocab_parallel_kl_div(local_s, local_t, reverse=values["reverse"], tp_group=group)
             (loss * upstream.to(ctx.device, loss.dtype)).sum().backward()
-        obs = RankObservations(ctx.rank, tp_rank, dp_rank)
-        obs.facts["collectives"] = {(0, 0): dict(counts)}
-        obs.record("loss", 0, 0, None, loss)
-        if local_s.requires_grad:
-            obs.record("student_grad", 0, 0, None, local_s.grad)
-        if local_t.requires_grad:
-            obs.record("teacher_grad", 0, 0, None, local_t.grad)
-        obs.record("student_after", 0, 0, None, local_s.detach())
-        obs.record("teacher_after", 0, 0, None, local_t.detach())
-        return obs
+        return record_call(RankObservations(ctx.rank, tp_rank, dp_rank), counts, loss=loss,
+                           student_grad=local_s.grad if local_s.requires_grad else None,
+                           teacher_grad=local_t.grad if local_t.requires_grad else None,
+                           student_after=local_s.detach(), teacher_after=local_t.detach())

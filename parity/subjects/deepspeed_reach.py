@@ -10,7 +10,8 @@ import re
 import types
 
 from parity.subjects.base import NAMED_HEADS, head_claims, projection_claims
-from parity.subjects.deepspeed_autotp import COMMON_AXES, ColumnGatheredHead, EngineHead, reports_grad_norm
+from parity.subjects.deepspeed_autotp import (COMMON_AXES, ColumnGatheredHead, EngineHead, reports_grad_norm,
+                                              skip_proj_specs)
 
 BLOCKS = 2  # two blocks of one class: the heuristic parser keeps one policy per block class, the walk meets both
 
@@ -32,10 +33,7 @@ class SpecReachHead(ColumnGatheredHead):
         return {"patterns": [rf"{re.escape(head)}\.weight$"], "model_types": ["llama"]}
 
     def tensor_parallel_config(self, values):
-        return {"partition_config": {"use_default_specs": False, "layer_specs": [
-            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
-            {**self.head_spec(values), "partition_type": "column", "gather_output": True},
-        ]}}
+        return skip_proj_specs({**self.head_spec(values), "partition_type": "column", "gather_output": True})
 
     def build(self, values, dtype):
         model = super().build(values, dtype)

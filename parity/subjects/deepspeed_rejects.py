@@ -16,17 +16,13 @@ from parity.observe.dtypes import DTYPES
 from parity.observe.model_state import loss_function_repr, model_state, tensor_digest
 from parity.subjects.deepspeed_autotp import (DeepSpeedSubject, EngineHead, deepspeed_process_state,
                                               install_tp_groups, setup_deepspeed, user_mpu)
+from parity.subjects.deepspeed_autotp import skip_proj_specs as _specs
 from parity.subjects.values import resolve
 from references.seeding import seeded
 from references.tiny_lm import ModelSpec, TinyCausalLM, TinyLlamaModel, build_model
 from references.trajectory import TrainingSpec
 
 VOCAB, HIDDEN, SEED, TOKENS, IGNORE_INDEX = 34, 32, 1234, 12, -100
-SKIP_PROJ = {"patterns": [r"proj\.weight$"], "partition_type": "skip"}
-
-
-def _specs(*specs) -> dict:
-    return {"partition_config": {"use_default_specs": False, "layer_specs": [SKIP_PROJ, *specs]}}
 
 
 def _strict(*specs) -> dict:
@@ -229,10 +225,8 @@ ENGINE_VARIANTS = {  # why each: the comment above its case in cases/deepspeed_r
                                                      "gather_outputs": True}), probe_logits=True),
     "spec_key_pattern": EngineVariant(_specs({"pattern": r"lm_head\.weight$", "partition_type": "column",
                                               "gather_output": True}), probe_logits=True),
-    "vocab_two_heads": EngineVariant(
-        {"vocab_parallel_lm_head": True,
-         "partition_config": {**_specs()["partition_config"], "lm_head_patterns": ["lm_head", "mtp_head"]}},
-        _second_head("mtp_head")),
+    "vocab_two_heads": EngineVariant({**VOCAB_PARALLEL, **_specs(lm_head_patterns=["lm_head", "mtp_head"])},
+                                     _second_head("mtp_head")),
     "vocab_nested_heads": EngineVariant(VOCAB_PARALLEL, _second_head("mtp.lm_head")),
     "heuristic_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head")),
     "hf_plan_two_heads": EngineVariant({"vocab_parallel_lm_head": True}, _second_head("mtp.lm_head", tp_plan=True)),
@@ -421,15 +415,12 @@ class DeepSpeedRejection(DeepSpeedSubject):
 
         engine.compile()
         before = _engine_state(model)
-        ids = _probe_ids(spec)
-        saved, torch._dynamo.config.disable = torch._dynamo.config.disable, True
         try:
-            _, logits = engine(input_ids=ids.to(ctx.device))
+            with torch._dynamo.config.patch(disable=True):
+                _, logits = engine(input_ids=_probe_ids(spec).to(ctx.device))
         except Exception as exc:
             exc.parity_facts = {"state_before": before, "state_after": _engine_state(model)}
             raise
-        finally:
-            torch._dynamo.config.disable = saved
         raise AssertionError(f"accepted: the eager forward after engine.compile() returned logits of shape "
                              f"{tuple(logits.shape)} ({type(engine.module.lm_head).__name__})")
 

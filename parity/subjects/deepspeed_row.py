@@ -7,10 +7,10 @@ How AutoTP builds it: docs/subjects.md#row-parallel-head
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from parity.subjects.base import head_claims
-from parity.subjects.deepspeed_autotp import AUTOCAST_MODULES_AXES, COMMON_AXES, EngineHead, reports_grad_norm
+from parity.subjects.deepspeed_autotp import (AUTOCAST_MODULES_AXES, COMMON_AXES, EngineHead, head_spec,
+                                              reports_grad_norm, skip_proj_specs)
 
 
 class RowParallelHead(EngineHead):
@@ -26,11 +26,7 @@ class RowParallelHead(EngineHead):
         return dataclasses.replace(super().model_spec(values), head_input=values.optional("head_input", "sequence"))
 
     def tensor_parallel_config(self, values):
-        head = values["head"]
-        return {"partition_config": {"use_default_specs": False, "layer_specs": [
-            {"patterns": [r"proj\.weight$"], "partition_type": "skip"},
-            {"patterns": [rf"{re.escape(head)}\.weight$"], "partition_type": "row"},
-        ]}}
+        return skip_proj_specs(head_spec(values["head"], "row"))
 
     def claims(self, values):
         return head_claims(values["head"], "LinearAllreduceWithReplicatedInput", 1, None,

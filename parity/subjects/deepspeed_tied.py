@@ -57,7 +57,18 @@ def as_gemma3_embedding(model):
     return model
 
 
-class TiedEmbedding:
+class Gemma3Embedding:
+    """Mixin over an engine head: embed_scale "gemma3" hands the engine transformers' scaled embedding."""
+
+    def build(self, values, dtype):
+        model = super().build(values, dtype)
+        return as_gemma3_embedding(model) if values.optional("embed_scale", "none") == "gemma3" else model
+
+    def unavailable_reason(self, values):
+        return gemma3_unavailable(values) or super().unavailable_reason(values)
+
+
+class TiedEmbedding(Gemma3Embedding):
     """What both tied subjects add to their untied parent: a tied model, and the optional explicit
     embedding spec placed before the head's so the AutoTP walk visits it first."""
 
@@ -68,13 +79,6 @@ class TiedEmbedding:
         config = super().tensor_parallel_config(values)
         config["partition_config"]["layer_specs"][:0] = embed_specs(values)
         return config
-
-    def build(self, values, dtype):
-        model = super().build(values, dtype)
-        return as_gemma3_embedding(model) if values.optional("embed_scale", "none") == "gemma3" else model
-
-    def unavailable_reason(self, values):
-        return gemma3_unavailable(values) or super().unavailable_reason(values)
 
 
 class TiedRowParallelHead(TiedEmbedding, RowParallelHead):

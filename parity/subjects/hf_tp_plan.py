@@ -16,6 +16,7 @@ from parity.subjects.deepspeed_autotp import EngineHead
 from parity.observe.dtypes import DTYPES
 from references.loss import causal_lm_loss
 from references.seeding import seeded
+from references.tiny_lm import capture_head_input_and_grad
 from references.trajectory import Trajectory, train_reference
 
 HF_AXES = {"dtype": None, "reduction": ("mean", "num_items"), "vocab": None, "ignore": None, "zero": (0, 1, 2),
@@ -37,12 +38,7 @@ def build_hf_model(values: dict, seed: int, dtype: torch.dtype):
 
 
 def capture_lm_head_input_and_grad(model, sink: dict) -> None:
-    """references.tiny_lm.capture_head_input_and_grad for an HF model's lm_head."""
-    def pre_hook(module, args):
-        sink["x"] = args[0].detach()
-        args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
-
-    model.lm_head.register_forward_pre_hook(pre_hook)
+    capture_head_input_and_grad(model, sink, model.lm_head)
 
 
 class HFPlanHead(EngineHead):

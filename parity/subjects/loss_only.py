@@ -43,6 +43,16 @@ def sp_group(ctx: RankContext, tp: int, sp: int):
     return groups[(tp, sp)]
 
 
+def record_call(obs: RankObservations, counts: dict, **records) -> RankObservations:
+    """One call on seeded tensors into ``obs``: the collectives it issued and each record (kind -> tensor; None:
+    not recorded), at step 0, micro-batch 0, in the order given."""
+    obs.facts["collectives"] = {(0, 0): dict(counts)}
+    for kind, tensor in records.items():
+        if tensor is not None:
+            obs.record(kind, 0, 0, None, tensor)
+    return obs
+
+
 class LogitsCE(NoModel, Subject):
     """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``). A subject
     without the ignore axis has no ignored target; ``measure`` is what the reference computes from the
@@ -127,13 +137,7 @@ class LogitsCE(NoModel, Subject):
             loss = self.loss(values, ctx, local, targets.to(ctx.device), group, part, obs)
             objective = upstream_objective(loss, upstream.to(ctx.device), values.optional("reduction", "none"))
             grad, hvp = differentiate(objective, local, values.optional("backward", "once"), seed, vocab, part)
-        obs.facts["collectives"] = {(0, 0): dict(counts)}
-        obs.record("loss", 0, 0, None, loss)
-        obs.record("logits_grad", 0, 0, None, grad)
-        if hvp is not None:
-            obs.record("logits_hvp", 0, 0, None, hvp)
-        obs.record("logits_after", 0, 0, None, local.detach())
-        return obs
+        return record_call(obs, counts, loss=loss, logits_grad=grad, logits_hvp=hvp, logits_after=local.detach())
 
 
 class LigerShards:

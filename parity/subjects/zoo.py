@@ -22,7 +22,7 @@ from parity.subjects.base import Claims
 from parity.subjects.deepspeed_autotp import EngineHead
 from parity.subjects.hf_tp_plan import effective_hf_plan
 from references import zoo
-from references.tiny_lm import ModelSpec
+from references.tiny_lm import ModelSpec, capture_head_input_and_grad
 from references.trajectory import Trajectory, train_reference
 
 # clip (quiet at 0: no case id changes) and gas 1 and 4: what `parity check` reads from a user's gradient_clipping and
@@ -197,11 +197,7 @@ def head_input_hook(model, sink) -> None:
     """The head's input and its gradient (references.tiny_lm.capture_head_input_and_grad), at the module the model's
     get_output_embeddings() returns (after AutoTP: the module that replaced the head; under transformers' TP the
     same module with its forward replaced: the pre-hook sees the hidden state before the style's input transform)."""
-    def pre_hook(module, args):
-        sink["x"] = args[0].detach()
-        args[0].register_hook(lambda grad: sink.__setitem__("h", grad))
-
-    model.get_output_embeddings().register_forward_pre_hook(pre_hook)
+    capture_head_input_and_grad(model, sink, model.get_output_embeddings())
 
 
 class ZooHead(EngineHead):
