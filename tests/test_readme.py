@@ -37,6 +37,7 @@ RUN_HERE = [
     ".venv/bin/parity findings",
     ".venv/bin/parity findings --issue deepspeed_unfused_grad_norm_tp",
     ".venv/bin/parity list --matrix cases/zoo.toml",
+    ".venv/bin/parity list --matrix cases/zoo/full.toml --matrix cases/zoo/full_transformers_tp.toml",
 ]
 
 
