@@ -127,3 +127,17 @@ def test_a_stuck_reproducer_reads_changed_and_the_check_goes_on(tmp_path, monkey
     assert found["a"]["status"] == "changed"
     assert found["a"]["reproducers"][str(stuck)].startswith("error (still running after 3 s")
     assert found["b"]["status"] == "present"
+
+
+def test_a_reproducer_that_cannot_run_here_is_named_not_changed(tmp_path, monkeypatch):
+    """Exit 2 is a reproducer's "this machine lacks what I need": the finding reads not run here (a skip, a failure
+    only in strict mode), and a finding with one reproducer present beside it stays present."""
+    from parity.report import findings as report
+
+    absent, present = tmp_path / "absent.py", tmp_path / "present.py"
+    absent.write_text("raise SystemExit(2)\n")
+    present.write_text("raise SystemExit(1)\n")
+    registry = {"a": {"reproducers": [str(absent)]}, "b": {"reproducers": [str(absent), str(present)]}}
+    found = {f["id"]: f for f in report.check(registry, ["a", "b"], [])}
+    assert found["a"]["status"] == report.NOT_HERE and found["b"]["status"] == "present"
+    assert "0 changed, 1 not run here" in report.format_check(list(found.values()))
