@@ -119,7 +119,7 @@ def _whole_samples(sampled_error) -> tuple[np.ndarray, float] | None:
 def lucky_stand_in(errors: np.ndarray | None, rms_err: float, one_rounding: float,
                    inherits: bool = False) -> float | None:
     """The smallest sample's RMS error over SAMPLES_WIDTH where the reference rounded luckily, else None
-    (docs/tolerances.md#a-reference-that-rounded-luckily; ``inherits``: docs/tolerances.md#an-inherited-errors-lucky-draw)."""
+    (docs/tolerances.md#a-reference-that-rounded-luckily; docs/tolerances.md#an-inherited-errors-lucky-draw)."""
     if errors is None or not len(errors):
         return None
     smallest = min(_rms(e) for e in errors)
