@@ -1,8 +1,5 @@
-"""Universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): every resumed tensor must be
-bitwise the saved layout's TP shards concatenated and re-sliced by the suite's own partition formula, and
-the run after the resume is held to the uninterrupted reference within the usual bounds. A missing
-optimizer state of a zero-element shard is accepted (docs/tolerances.md#universal-checkpoint-resumes).
-"""
+"""Universal-checkpoint resumes: every resumed tensor bitwise the saved shards re-sliced by the suite's formula,
+the run after it within the usual bounds (docs/tolerances.md#universal-checkpoint-resumes)."""
 from __future__ import annotations
 
 import numpy as np
