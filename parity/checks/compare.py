@@ -100,9 +100,8 @@ class Comparison:
         return self._sampled
 
     def sampled_error(self, kind, step, micro, dp, name, view=None):
-        """For close(): a callable giving the rounding samples' error of this record, seen through
-        ``view`` (a rank's shard), or None where the reruns have no such record. Lazy: judge_close
-        calls it only where a tensor misses a bound the samples may widen (parity.checks.tolerances)."""
+        """For close(): a lazy callable giving the rounding samples' error of this record through ``view`` (a rank's
+        shard), or None where the reruns have no such record."""
         def seen(record):
             errors = record.numpy()
             return errors if view is None else np.stack([view(each) for each in errors])

@@ -70,18 +70,16 @@ def parity_bound(dtype_name, reference_error: float, scale: float) -> Bound:
 
 
 def master_weight_bound(dtype_name: str, reference_error: float, scale: float, movement: float) -> Bound:
-    """A low-precision case's float32 master weights: SHARDING_SLACK x the reference master's error, a
-    float32 floor on the value it holds and a case-dtype floor on ``movement`` = max|oracle - initial|,
-    what it moved by (docs/tolerances.md#master-weights)."""
+    """A float32 master's bound: a float32 floor on its value and a case-dtype floor on ``movement`` =
+    max|oracle - initial| (docs/tolerances.md#master-weights)."""
     value = (SHARDING_SLACK * reference_error + FLOOR_ULPS * unit_roundoff("fp32") * scale
              + FLOOR_ULPS * unit_roundoff(dtype_name) * movement)
     return Bound(value, reference_error, scale)
 
 
 def master_weight_sampled_bound(dtype_name: str, first: Bound, sampled_error: float, movement: float) -> Bound | None:
-    """The master bound with the rounding samples' error as the reference error, or None where that
-    error exceeds neither the reference's nor the movement floor (the samples do not disprove the
-    floor's premise: a cancelling gradient; docs/tolerances.md#master-weights)."""
+    """The master bound with the rounding samples' error as the reference error, or None where the samples
+    do not disprove the floor's premise (docs/tolerances.md#master-weights)."""
     if sampled_error <= max(first.reference_error, FLOOR_ULPS * unit_roundoff(dtype_name) * movement):
         return None
     return master_weight_bound(dtype_name, sampled_error, first.scale, movement)
@@ -220,15 +218,11 @@ def _element_judgement(diff, ref_err, rms_err: float, u: float, scale, criterion
 
 def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtype, sampled_error=None,
                 inherits: bool = True, shared_rms: float = 0.0, rounded_at: np.ndarray | None = None) -> Judgement:
-    """Every criterion of the module docstring for one tensor; passes when all pass. ``floor_dtype``: a
-    name or torch dtype (docs/tolerances.md#the-floor-dtype). ``sampled_error``: a callable giving the rounding samples'
-    |rerun - oracle| at the places of ``oracle`` (parity/checks/rounding.py), called only for a small
-    tensor that misses its max bound or a large one whose RMS misses by at most RMS_SAMPLED_REACH.
-    ``inherits``: False for a stage-local check, whose reference starts from exact inputs (rms_bound).
-    ``shared_rms``: the RMS of a stage's row-shared roundings, added to the RMS bound
-    (docs/tolerances.md#a-rows-shared-rounding). ``rounded_at``: per entry of oracle, the magnitude of an
-    intermediate a valid evaluation rounds, where it may exceed |oracle|: the floors' scale is the larger
-    of the two (docs/tolerances.md#a-biased-heads-product)."""
+    """Every criterion for one tensor; passes when all pass. ``floor_dtype``: a name or torch dtype
+    (docs/tolerances.md#the-floor-dtype); ``sampled_error``: a callable giving the rounding samples' |rerun -
+    oracle|, called only on a miss it may widen; ``inherits``: False for a stage-local check; ``shared_rms``
+    (docs/tolerances.md#a-rows-shared-rounding) is added to the RMS bound; ``rounded_at``: per entry, an
+    intermediate a valid evaluation rounds (docs/tolerances.md#a-biased-heads-product)."""
     if not got.size:
         return Judgement(True, "max", 0.0, 0.0)
     u = unit_roundoff(floor_dtype)

@@ -69,10 +69,8 @@ def setup_deepspeed(ctx: RankContext) -> None:
 
 
 def install_tp_groups(ctx: RankContext, tp: int, dist_debug: str = "off") -> None:
-    """Install DeepSpeed's (dp, tp) module-global groups for this case: one set per TP size (and debug
-    mode), built once per process and reused. dist_debug "detail" builds them under
-    TORCH_DISTRIBUTED_DEBUG=DETAIL, set for the build only. Why: docs/subjects.md#group-setup-under-detail-debugging
-    """
+    """Install DeepSpeed's (dp, tp) module-global groups for this case, built once per process per TP size and
+    debug mode (docs/subjects.md#group-setup-under-detail-debugging)."""
     from deepspeed.utils import groups
 
     cache = ctx.state["deepspeed"]["tp_groups"]
@@ -355,9 +353,8 @@ class _TritonClaimingAccelerator:
 
 @contextlib.contextmanager
 def claimed_triton(active: bool):
-    """A harness shortcut, for CPU ranks only: the CE module's view of the accelerator claims Triton, so
-    DeepSpeed's Liger gate (_liger_can_run) is reached; the rest of DeepSpeed still sees the CPU.
-    Why: docs/subjects.md#liger-in-tritons-interpreter-on-cpu"""
+    """A harness shortcut for CPU ranks: the CE module's view of the accelerator claims Triton, so DeepSpeed's
+    Liger gate is reached (docs/subjects.md#liger-in-tritons-interpreter-on-cpu)."""
     if not active:
         yield
         return
