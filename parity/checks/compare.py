@@ -647,10 +647,9 @@ class Comparison:
         return rows
 
     def check_head_grad_stage(self, where, logits, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None) -> None:
-        """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against the sum of
-        dz^T x over the step's micro-batches, with one data-parallel rank only. ``weight_rows`` (a tied head: step
-        -> [V] bool) limits the weight's check to those rows; ``logits``: the CE stage's inputs, for its row-shared
-        rounding (docs/tolerances.md#stage-local-oracles)."""
+        """grad[<head weight and bias>][stage]: each rank's head-shard step gradient against sum dz^T x, one DP rank
+        only; ``weight_rows`` (tied: step -> [V] bool) limits the weight's rows; ``logits``: the CE stage's inputs
+        (docs/tolerances.md#stage-local-oracles)."""
         u = unit_roundoff("fp32")  # the CE computes in float32 whatever the case dtype
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return

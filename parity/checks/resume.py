@@ -20,7 +20,8 @@ def saved_whole(comparison, name: str, state: str):
         held = saved["state"].get(name, {})
         piece = held.get(state)
         if piece is None and state != "weight" and _zero_element(held.get("weight")):
-            piece = np.zeros_like(held["weight"])  # an empty shard: no state kept, none owed (module docstring)
+            # an empty shard: no state kept, none owed (docs/tolerances.md#universal-checkpoint-resumes)
+            piece = np.zeros_like(held["weight"])
         pieces[saved["tp_rank"]] = piece
     if sorted(pieces) != list(range(save_tp)) or any(p is None for p in pieces.values()):
         return None

@@ -20,10 +20,9 @@ _CACHE = BoundedCache(lambda: _CACHE_SIZE)  # locked: parity run -j judges cases
 
 def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
                                 train, dtype: torch.dtype):
-    """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss, the logits
-    gradient [B*T, V] and, with ``weights`` (each the full [V, H] head weight), the head-input gradient
-    [B*T, H], from those logits in ``dtype`` the reference's way (float64: the oracle); ``train`` says what the
-    trainer backpropagates. One autograd graph for all micro-batches (docs/tolerances.md#stage-local-oracles)."""
+    """Per micro-batch (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss, the logits gradient [B*T, V]
+    and, with ``weights`` ([V, H] each), the head-input gradient [B*T, H], in ``dtype`` the reference's way (float64:
+    the oracle), one autograd graph for all (docs/tolerances.md#stage-local-oracles)."""
     key = (b"".join(a.tobytes() for a in logits), logits[0].shape, len(logits),
            b"".join(t.numpy().tobytes() for t in labels),
            None if weights is None else b"".join(w.tobytes() for w in weights), tuple(num_items), spec,

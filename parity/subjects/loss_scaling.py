@@ -12,7 +12,8 @@ class DynamicSetting:
     power: int  # initial_scale_power
     window: int  # loss_scale_window
     hysteresis: int
-    # The smallest power of two at which this case's model overflows fp16 on every step (module docstring).
+    # The smallest power of two at which this case's model overflows fp16 on every step
+    # (docs/subjects.md#fp16-dynamic-loss-scaling).
     overflows_from: int = 19
 
 
