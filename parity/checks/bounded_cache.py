@@ -1,17 +1,6 @@
-"""A small thread-safe LRU of bounded size, shared by the checks' caches of pure results (the
-reference pairs of parity.checks.compare, the rounding spreads of parity.checks.rounding, the stage
-references of parity.checks.stages).
-
-Only the lookup and the store take the lock: the caller computes a missed value outside it, so
-parallel jobs (parity run -j) overlap, and two of them may compute one key at once; the results are
-the same numbers (pure functions), so whichever is stored last is kept.
-
-The size is read at every store, from a zero-argument callable where one is given, so a module's
-size constant can be changed after the cache is made (tests monkeypatch it).
-
-A key of None means "not cacheable" (Subject.reference_key returns None for a subject with its own
-reference): it is never found, counted as a miss, and never stored.
-"""
+"""A small thread-safe LRU of bounded size for the checks' caches of pure results; a missed value is computed
+outside the lock, the size is read at every store (or from a callable), and a key of None is never cached
+(docs/checks.md#how-the-comparison-works)."""
 from __future__ import annotations
 
 import threading
@@ -44,9 +33,8 @@ class BoundedCache:
             return default
 
     def put(self, key, value) -> None:
-        """Store value under key: a new key as the most recently used (a kept one, stored again by a
-        second job that computed it at once, keeps its place); past maxsize, drop the least recently
-        used entry."""
+        """Store value under key as the most recently used (a kept one stored again keeps its place); past
+        maxsize, drop the least recently used entry."""
         if key is None:
             return
         with self._lock:

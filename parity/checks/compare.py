@@ -1,8 +1,5 @@
-"""Observations from every rank + the reference trajectories -> a list of checks.
-
-Expected shard slices come from parity.observe.partition, never from the subject. Sharded logits are
-assembled here from the ranks' local blocks; the subject is only asked for what each rank holds.
-"""
+"""Observations from every rank + the reference trajectories -> a list of checks (docs/checks.md). Expected
+shard slices come from parity.observe.partition and sharded records are assembled here, never by the subject."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,9 +76,8 @@ class Comparison:
         self.claims = subject.claims(values)
         self.train = subject.training_spec(values)
         self.dtype = values["dtype"]
-        # The dtype the reference's stages compute in: under autocast (references/trajectory.py) the head's
-        # Linear, forward and backward, runs in the autocast dtype on the fp32 model, so a stage reference
-        # at the case dtype would hold the subject to fp32 arithmetic plain torch does not do.
+        # The dtype the reference's stages compute in: under autocast the head's Linear runs in the autocast dtype
+        # (docs/tolerances.md#stage-local-oracles).
         self.stage_dtype = values["dtype"] if values.optional("autocast", "off") == "off" else values["autocast"]
         self.tp = values.optional("tp", 1)
         self.grain = values.optional("grain", 1)
@@ -98,16 +94,14 @@ class Comparison:
         return record_kind(kind, stage).floor_dtype(self.dtype, self.stage_dtype, self.reference.floor_dtypes)
 
     def rounding_samples(self):
-        """The rounding samples' errors of every record (parity/checks/rounding.py), taken the first time
-        a check needs them."""
+        """The rounding samples' errors of every record (parity/checks/rounding.py), taken when first needed."""
         if self._sampled is None:
             self._sampled = rounding.cached_sampled_error(self.subject, self.values, self.oracle, ROUNDING_SAMPLES)
         return self._sampled
 
     def sampled_error(self, kind, step, micro, dp, name, view=None):
-        """For close(): a callable giving the rounding samples' error of this record, seen through
-        ``view`` (a rank's shard), or None where the reruns have no such record. Lazy: judge_close
-        calls it only where a tensor misses a bound the samples may widen (parity.checks.tolerances)."""
+        """For close(): a lazy callable giving the rounding samples' error of this record through ``view`` (a rank's
+        shard), or None where the reruns have no such record."""
         def seen(record):
             errors = record.numpy()
             return errors if view is None else np.stack([view(each) for each in errors])
@@ -117,8 +111,7 @@ class Comparison:
             return None if record is None else seen(record)
 
         def whole():
-            """The samples' errors over the whole tensor and its max|oracle|, where a shard needs its
-            tensor's gate (parity.checks.tolerances, judge_close); entries the oracle leaves nan drop out."""
+            """The samples' errors over the whole tensor and its max|oracle|, for a shard's gate (judge_close)."""
             record = self.rounding_samples().records.get((kind, step, micro, dp, name))
             exact = self.oracle.records.get((rounding.ORACLE_KIND.get(kind, kind), step, micro, dp, name))
             if record is None or exact is None:
@@ -128,9 +121,7 @@ class Comparison:
             return errors[:, finite], float(np.abs(exact[finite]).max(initial=0.0))
 
         def steps():
-            """The samples' errors of this record at every step of the trajectory (the same kind, name,
-            micro-batch and replica), through the same view: a tensor's few-source structure is the
-            computation's, so its dispersion is estimated over all of them (tolerances.dispersed)."""
+            """The samples' errors of this record at every step, through the same view (tolerances.dispersed)."""
             return [seen(record) for key, record in self.rounding_samples().records.items()
                     if (key[0], key[2], key[3], key[4]) == (kind, micro, dp, name)]
         if view is not None:
@@ -138,29 +129,24 @@ class Comparison:
         get.steps = steps
         return get
 
-    # kind, stage: the check's record kind and whether it is its stage-local check; their schema entry
-    # (parity/observe/records.py) gives the check's mode and floor dtype, whatever the check's name.
     def close(self, name, got, ref, oracle, sampled=None, shared=None, rounded_at=None, *, kind, stage=False,
               **where) -> None:
-        """``shared``: per entry of oracle, the bound of a stage's row-shared rounding error
-        (docs/tolerances.md#a-rows-shared-rounding), its RMS added to the RMS bound. ``rounded_at``: per entry
-        of oracle, an intermediate a valid evaluation rounds (docs/tolerances.md#a-biased-heads-product)."""
+        """``kind``, ``stage``: the record's schema entry (parity/observe/records.py) gives the check's mode and
+        floor dtype. ``shared``, ``rounded_at``: per entry of oracle, as judge_close takes them."""
         if got is None:
             self.add(name, False, detail="not observed", **where)
             return
         if got.shape != oracle.shape:
             self.add(name, False, detail=f"shape {got.shape} != expected {oracle.shape}", **where)
             return
-        # torch's own 0/0 (a mean over targets that are all ignored) is nan in the oracle: the subject
-        # must give nan at exactly those places, and finite values within the bound everywhere else.
+        # torch's own 0/0 (an all-ignored mean) is nan in the oracle: nan exactly there, the bound elsewhere.
         expected_nan = np.isnan(oracle)
         if (np.isnan(got) != expected_nan).any():  # shapes are equal: array_equal's checks would be spent
             detail = (f"nan where unsharded torch gives a number ({int((np.isnan(got) & ~expected_nan).sum())}), "
                       f"a number where it gives nan ({int((~np.isnan(got) & expected_nan).sum())})")
             self.add(name, False, detail=detail, **where)
             return
-        # An infinity (a logit masked to -inf, handed back as given) has no error to bound: the same infinity
-        # exactly where torch's is, as nan is held.
+        # An infinity (a logit masked to -inf) has no error to bound: the same infinity exactly where torch's is.
         expected_inf = np.isinf(oracle)
         wrong_inf = (expected_inf | np.isinf(got)) & (got != oracle)
         if wrong_inf.any():
@@ -246,11 +232,8 @@ class Comparison:
 
     # -- structure (docs/subjects.md#structure-checks) ------------------------------------------
     def check_structure(self) -> None:
-        """What each rank built before its first forward (facts["structure"], parity/subjects/driver.py) against
-        the claims and the suite's partition formula: every claimed parameter's local shape is the formula's
-        slice of the reference's full parameter (the full shape where replicated); a layer's own vocab range,
-        TP index and gather_output are the formula's and the claims'. Runs where the subject records structure
-        (every subject trained through the driver); a rank of such a case that recorded none fails."""
+        """What each rank built before its first forward (facts["structure"]) against the claims and the
+        partition formula, where the subject records structure (docs/subjects.md#structure-checks)."""
         if not any("structure" in o.facts for o in self.obs.values()):
             return
         for rank, o in sorted(self.obs.items()):
@@ -370,11 +353,8 @@ class Comparison:
             self.check_rank_decisions()
 
     def check_rank_decisions(self) -> None:
-        """What the framework decided on each rank alone (its TP rank and size, the members of its TP
-        and data-parallel groups, its data-parallel size, a vocabulary-parallel head's vocab range)
-        must be the suite's own formula for that rank (parity.observe.partition), and every member
-        of a group must list the same members: ranks that disagree about a group fail here even
-        where the numbers happen to agree."""
+        """What the framework decided on each rank alone must be the suite's formula for that rank, and every
+        member of a group must list the same members, even where the numbers agree (docs/checks.md)."""
         world = len(self.obs)
         for rank, o in sorted(self.obs.items()):
             found = o.facts.get("rank_decisions")
@@ -408,9 +388,8 @@ class Comparison:
                      f"a member of it lists {next(iter(split.values()))[1]}")
 
     def check_backend_agreement(self) -> None:
-        """DeepSpeed's Liger gate is decided on each rank alone: the ranks of one TP group must have run
-        the same CE on every micro-batch, whatever the claim says (ranks that mix Liger and torch CE
-        exchange mismatched all-reduces without hanging)."""
+        """The ranks of one TP group ran the same CE on every micro-batch: DeepSpeed's Liger gate is decided per
+        rank, and ranks that mix backends do not hang (docs/checks.md#how-the-comparison-works)."""
         for dp in sorted({o.dp_rank for o in self.obs.values()}):
             group = {o.tp_rank: o.facts.get("loss_backend", {}) for o in self.obs.values() if o.dp_rank == dp}
             keys = sorted({k for ran in group.values() for k in ran})
@@ -524,9 +503,8 @@ class Comparison:
         return blocks[0] if dim is None else np.concatenate(blocks, axis=dim)
 
     def check_stages(self) -> None:
-        """Loss and head-input gradient against float64 re-evaluations on the subject's own logits (and
-        head weight): the bound is the stage's own arithmetic, no upstream rounding inherited. Applies
-        to training subjects that record logits and loss (not an embedding's or an inference head's)."""
+        """Loss and head-input gradient re-evaluated on the subject's own logits (and head weight), for training
+        subjects that record both (docs/tolerances.md#stage-local-oracles)."""
         if not {"logits", "loss"} <= set(self.claims.micro_records) or self.claims.micro_records.get("loss") is not None:
             return
         if ("logits", 0, 0, 0, None) not in self.reference.records:
@@ -568,12 +546,10 @@ class Comparison:
                     sampled_dz[seed] = stages.sampled_logits_grads(logits, labels, num_items, spec, self.train,
                                                                    DTYPES[self.stage_dtype], seed)
                 return sampled_dz[seed]
-            # A tied weight's gradient also holds the embedding lookup's, which is not this stage's, but
-            # only on the rows of the tokens the step looked up: on every other row it is the head's alone.
+            # A tied weight's gradient is the head's alone on the rows no token of the step looked up.
             rows = self.rows_not_looked_up(spec) if spec.tied else None
             self.check_head_grad_stage(where, logits, ref_dz, orc_dz, weight_name, noisy_dz, rows)
-        # A head sharded along the vocabulary forms its input gradient as each shard's dz W partial
-        # product, rounded, then summed by the all-reduce: those partials are values it rounds
+        # A vocabulary-sharded head rounds each shard's dz W partial product
         # (docs/tolerances.md#a-sharded-heads-partial-products).
         products = None
         if weights is not None and self.tp > 1 and self.claims.param_shards.get(weight_name) == 0:
@@ -594,10 +570,8 @@ class Comparison:
                                rounded_at=None if partials is None else partials.reshape(got.shape))
 
     def check_lookup_loss_stage(self) -> None:
-        """loss[stage] of an embedding trained alone (references/embedding_lookup.py): the squared-error
-        loss recomputed from the subject's own recorded lookup and the task's targets, at the case dtype
-        (a float32 sum, as the reference's) and in float64. The lookup copies table rows, so everything a
-        bf16 loss differs by end to end is the table's inherited drift; this stage's own error is float32's."""
+        """loss[stage] of an embedding trained alone: the squared-error loss from the subject's own recorded
+        lookup, at the case dtype and in float64 (docs/tolerances.md#stage-local-oracles)."""
         if set(self.claims.micro_records) != {"embedding", "loss"}:
             return
         from references.embedding_lookup import lookup_batch
@@ -673,12 +647,9 @@ class Comparison:
         return rows
 
     def check_head_grad_stage(self, where, logits, ref_dz, orc_dz, weight_name, noisy_dz, weight_rows=None) -> None:
-        """grad[<head weight and bias>][stage]: each rank's step gradient of its head shard against
-        sum over the step's micro-batches of dz^T x on its own logits and head input. Only with one
-        data-parallel rank: across several the engine's gradient averaging is a further stage.
-        ``weight_rows`` (a tied head: step -> [V] bool) limits the weight's check to those rows. ``logits``
-        (aligned with ``where``): the logits the CE stage ran on, for its row-shared rounding (stages.
-        shared_rounding_weights)."""
+        """grad[<head weight and bias>][stage]: each rank's head-shard step gradient against sum dz^T x, one DP rank
+        only; ``weight_rows`` (tied: step -> [V] bool) limits the weight's rows; ``logits``: the CE stage's inputs
+        (docs/tolerances.md#stage-local-oracles)."""
         u = unit_roundoff("fp32")  # the CE computes in float32 whatever the case dtype
         if not self.stage_sliceable(weight_name) or {o.dp_rank for o in self.obs.values()} != {0}:
             return
@@ -689,9 +660,8 @@ class Comparison:
         noisy_samples: dict = {}
 
         def noisy_grads(items, xs, seed):
-            """One rounding sample of the step's (weight, bias) gradient, taken once per case for its
-            inputs: a weight and its bias miss together, and TP ranks of a vocabulary-parallel head
-            hold the same head input (docs/tolerances.md#stage-local-oracles)."""
+            """One rounding sample of the step's (weight, bias) gradient, once per case for its inputs
+            (docs/tolerances.md#stage-local-oracles)."""
             key = (tuple(i for _, i in items), seed, tuple((x.shape, x.dtype.str, x.tobytes()) for x in xs))
             if key not in noisy_samples:
                 dzs = noisy_dz(seed)
@@ -726,9 +696,7 @@ class Comparison:
                     orc_view = self._param_view(name, orc, rank)
                     shared_view = self._param_view(name, shared, rank)
 
-                    # The stage's own rounding samples (the CE stage and this sum rerun with every rounding
-                    # moved by up to a unit), for a small or cancelling tensor that misses (judge_close;
-                    # docs/tolerances.md#stage-local-oracles).
+                    # The stage's own rounding samples, for a small or cancelling tensor that misses.
                     def sampled(items=items, xs=xs, index=index, name=name, rank=rank, orc_view=orc_view):
                         errors = []
                         for seed in range(ROUNDING_SAMPLES):
@@ -769,9 +737,8 @@ class Comparison:
                 if key[0] == "step_skipped" and float(value) == 1.0}
 
     def check_skipped_step(self, step: int) -> None:
-        """A step the reference skipped for an inf or nan gradient: its gradients hold that inf (nothing to
-        compare), and on every rank every weight must be bitwise what it was before the step, as plain
-        torch's skipped optimizer.step() leaves it; which steps each rank skipped is check_skips'."""
+        """A step the reference skipped for an inf or nan gradient: every weight bitwise what it was before it,
+        as torch's skipped optimizer.step() leaves it (docs/checks.md)."""
         names = [k[4] for k in self.reference.records if k[0] == "grad" and k[1] == step]
         for rank, o in sorted(self.obs.items()):
             for name in names:
@@ -804,13 +771,11 @@ class Comparison:
                 got_g = o.get("grad", step, None, name)
                 ref_g, orc_g = self.close_record(f"grad[{name}]", got_g, ("grad", step, None, None, name), view,
                                                  step=step, rank=rank)
-                # A gradient must be nonzero wherever the oracle's is (and zero where a whole step
-                # is ignored): a subject that computes nothing cannot pass on matching zeros.
+                # Nonzero wherever the oracle's is: a subject that computes nothing cannot pass on matching zeros.
                 oracle_moves = bool((orc_g != 0).any())
                 if got_g is not None:
                     moves = bool((got_g != 0).any())
-                    # All zeros pass where zero itself passes the grad check's bound: a correct low-precision
-                    # run can cancel a tiny oracle gradient exactly (docs/tolerances.md#nonzero-gradients).
+                    # All zeros pass where zero passes the grad bound (docs/tolerances.md#nonzero-gradients).
                     unresolved = (oracle_moves and not moves and got_g.shape == orc_g.shape
                                   and judge_close(np.zeros_like(orc_g), ref_g, orc_g, self.floor_dtype("grad")).passed)
                     self.add(f"grad_nonzero[{name}]", moves == oracle_moves or unresolved, step=step, rank=rank,
@@ -832,10 +797,8 @@ class Comparison:
                                   ("grad_norm", step, None, None, None), step=step, rank=rank)
 
     def check_weight_moved(self, name, got_w, prev, oracle_moves, step, rank) -> None:
-        """A weight must move when the gradient is nonzero and stay put when it is zero. A step the
-        reference moved on may be met one step early or late where the move is a rounding-midpoint
-        crossing of the float32 master, or by the master itself moving
-        (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
+        """A weight moves when the gradient is nonzero and stays put when it is zero, up to a rounding-midpoint
+        crossing of its master (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
         moved = bool((got_w != prev).any())
         ref_now = self._record_view(self.reference, "weight", step, name, rank)
         ref_before = self._record_view(self.reference, "weight", step - 1, name, rank)
@@ -845,13 +808,12 @@ class Comparison:
         elif bool(np.any(ref_now != ref_before)):
             ref_moved = ref_now != ref_before
             after = self.obs[rank].get("weight", step + 1, None, name)
-            # a shard of the wrong shape has failed weight[...] already: only its moving can meet the step
+            # a misshapen shard failed weight[...] already: only its moving can meet the step
             same_shape = got_w.shape == ref_now.shape
             early = same_shape and bool(np.any((got_w == ref_now) & ref_moved))
             late = False
             if same_shape and after is not None and after.shape == ref_now.shape:
-                # moves the reference's way on the next step and catches up with it there: a weight that
-                # skipped this step's update (one update behind from then on) does not
+                # moves the reference's way next step and catches up with it (a skipped update does not)
                 ref_next = self._record_view(self.reference, "weight", step + 1, name, rank)
                 late = bool(np.any((np.sign(after - got_w) == np.sign(ref_now - ref_before)) & (after == ref_next)
                                    & ref_moved))
@@ -865,8 +827,7 @@ class Comparison:
                                                 if master else ""))
 
     def master_moved(self, name, step, rank) -> bool:
-        """bf16/fp16 with a float32 master the rank records: did this step update the master? There the
-        update is visible whatever the weight's last bits do; a skipped update leaves the master too
+        """bf16/fp16 with a recorded float32 master: did this step update the master?
         (docs/tolerances.md#weight-movement-and-rounding-midpoints)."""
         o = self.obs[rank]
         now = o.get("master_weight", step, None, name)
@@ -874,9 +835,8 @@ class Comparison:
         return now is not None and before is not None and now.shape == before.shape and bool(np.any(now != before))
 
     def only_crossings(self, name, ref_moved, step, rank) -> bool:
-        """bf16/fp16: did every entry the reference moved on this step move by a rounding-midpoint
-        crossing, its float32 master having moved by less than the weight jumped? (fp32 has no master:
-        no.) Only such a move can come a step late in a correct run."""
+        """bf16/fp16: did every entry the reference moved this step move by a rounding-midpoint crossing (its
+        master moving less than the weight jumped)? Only such a move can come a step late."""
         if ("master_weight", step, None, None, name) not in self.reference.records:
             return False
 
@@ -889,11 +849,8 @@ class Comparison:
         return bool(np.all((master_step < weight_step)[ref_moved]))
 
     def clip_coefficient(self, o, step, observed=None) -> float:
-        """The clipping factor: from the subject's own norm where it reports one, else from the norm of
-        its own recorded gradients (observed_grad_norm), so that the identity holds the update to the
-        subject's gradients whether or not they are right (the grad and weight checks hold them to
-        the oracle); the oracle's only where a gradient was not recorded (grad[...] fails then).
-        1 without clipping."""
+        """The clipping factor from the subject's own norm, else its recorded gradients' norm, else the oracle's
+        (a gradient not recorded); 1 without clipping (docs/tolerances.md#the-sgd-identity)."""
         if self.train.clip <= 0:
             return 1.0
         norm = o.get("grad_norm", step, None, None) if self.claims.reports_grad_norm else None
@@ -904,10 +861,8 @@ class Comparison:
         return min(1.0, self.train.clip / (float(norm) + 1e-6))
 
     def observed_grad_norm(self, step, names) -> tuple[float, int] | None:
-        """The global norm of the subject's own recorded gradients at this step, in float64, and the
-        number of entries in it: every trained parameter's gradient (``names``, the step's) once (one
-        data-parallel replica, a replicated parameter from TP rank 0, each shard from its rank). None
-        where one is missing or misshapen (grad[...] fails then)."""
+        """(float64 global norm, entries) of the subject's recorded gradients of ``names``, each counted once
+        (replica 0, a replicated parameter from TP rank 0); None where one is missing or misshapen."""
         dp0 = min(o.dp_rank for o in self.obs.values())
         squares, entries = 0.0, 0
         for rank, o in sorted(self.obs.items()):
@@ -929,9 +884,8 @@ class Comparison:
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         if not getattr(self.train, "master", True) and self.dtype in ("bf16", "fp16") and not clipped:
-            # No float32 master (TrainingSpec.master False): the weight is torch.optim.SGD's p.add_(g, alpha=-lr) on
-            # the low-precision values, bitwise, by either of torch's two CPU kernel paths (vectorised body: one
-            # rounding; scalar tail: the product rounded first; docs/tolerances.md#the-sgd-identity).
+            # No float32 master: torch.optim.SGD's add on the low-precision values, bitwise, by either of
+            # torch's two CPU kernel paths (docs/tolerances.md#the-sgd-identity).
             low = {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
             w, g = (torch.from_numpy(a).to(low).float() for a in (prev, grad))
             alpha = torch.tensor(-lr, dtype=torch.float32).to(low).float()
@@ -941,8 +895,7 @@ class Comparison:
             self.exact(f"sgd_update[{name}]", new, want, step=step, rank=rank)
             return
         want = prev - lr * grad
-        # An empty shard holds the identity vacuously; the scale is the larger weight, before or after the update
-        # (docs/tolerances.md#the-sgd-identity).
+        # An empty shard holds it vacuously; the scale is the larger weight, before or after the update.
         measured = float(np.max(np.abs(new - want))) if new.size else 0.0
         scale = float(max(np.max(np.abs(new)), np.max(np.abs(prev)))) if new.size else 0.0
         update = float(np.max(np.abs(lr * grad))) if new.size else 0.0
@@ -950,10 +903,8 @@ class Comparison:
         self.add(f"sgd_update[{name}]", measured <= bound, step=step, rank=rank, measured=measured, bound=bound)
 
     def check_saved(self) -> None:
-        """save axis: what global rank 0 wrote (subjects/deepspeed_autotp.py saved_state_dict) must be the unsharded
-        model's state_dict: the same keys (a tie keeps both names, as torch's state_dict does), each in the model
-        dtype and equal bitwise to the final weight the TP group holds, shards concatenated in rank order (no
-        padding, no reordering, no shard twice); and so within the weight bound of the reference's final weight."""
+        """save axis: what global rank 0 wrote (deepspeed_autotp.saved_state_dict) must be the unsharded model's
+        state_dict, keys, dtypes and final weights (docs/checks.md, saved_keys)."""
         if self.values.optional("save", "none") == "none":
             return
         last = self.train.steps - 1
@@ -1010,15 +961,9 @@ def compare(subject, values, observations, reference, oracle, collectives=None) 
     return Comparison(subject, values, observations, reference, oracle, collectives).run()
 
 
-# Cases that differ only in how the subject shards or runs (ZeRO stage, topology, backend, head
-# name rules...) share one reference: the reference is a function of the subject's reference_key
-# alone. A bounded LRU keeps the parent's memory flat over long runs; each pair of a tiny model's
-# trajectories is tens of kB.
 class ReferenceCache:
-    """The reference pairs one runner of cases has computed: a bounded LRU (size 0: none kept,
-    --no-reference-cache), locked for a Runner's reference and judge threads, and behind it, where
-    a directory is given (--reference-cache DIR), a ReferenceDisk (parity.checks.reference_disk)
-    asked on a miss and given what was computed."""
+    """The reference pairs one runner has computed, by reference_key: a bounded, locked LRU (size 0: none) and,
+    with --reference-cache DIR, a ReferenceDisk behind it (docs/checks.md#how-the-comparison-works)."""
 
     def __init__(self, size: int = DEFAULT_REFERENCE_CACHE_SIZE, disk_dir=None):
         self.memory = BoundedCache(size, stats=True)
@@ -1038,8 +983,7 @@ class ReferenceCache:
         pair = self.memory.get(key)
         if pair is not None:
             return pair
-        # Computed outside the lock, so jobs overlap; two jobs may compute one key at once, and both
-        # results are the same numbers (the reference is deterministic), so either may be kept.
+        # Computed outside the lock: two jobs may compute one key at once, to the same numbers.
         disk = self.disk if key is not None else None
         pair = disk.load(key) if disk else None
         if pair is None:
@@ -1060,11 +1004,8 @@ class ReferenceCache:
 
 
 def state_after_rejection_checks(rank: int, facts: dict) -> list[Check]:
-    """A refused setup must leave what the user holds as it was: every entry of the state recorded
-    before the call (parity.observe.model_state), none added, none changed. Two checks: the user's
-    model or inputs (``state_after_rejection``) and process-global switches (``extra[...]`` entries,
-    ``process_state_after_rejection``), so a documented leak of one cannot hide a change of the other.
-    Missing snapshots fail both: a rejection whose aftermath went unrecorded cannot be called clean."""
+    """A refused setup must leave the user's model or inputs and the process-global switches (``extra[...]``) as
+    they were: two checks, each failing where the snapshots are missing (docs/checks.md#how-the-comparison-works)."""
     before, after = facts.get("state_before"), facts.get("state_after")
     names = ("state_after_rejection", "process_state_after_rejection")
     if before is None or after is None:

@@ -1,11 +1,6 @@
-"""Precision and placement are part of the contract: every tensor a subject hands back must have
-the dtype the unsharded plain-torch reference holds at the same point, and live on the rank's device.
-
-One ``contract[<kind>]`` check per rank and record kind compares every step's and micro-batch's dtype
-with ``Trajectory.layouts`` (the reference's own tensor's dtype) and its device with
-``facts["rank_device"]``; an empty tensor's dtype is not held, its device is. Why, and which dtype
-each kind holds: docs/tolerances.md#the-dtype-and-device-contract.
-"""
+"""Precision and placement: one ``contract[<kind>]`` check per rank and record kind holds every tensor to the
+dtype the unsharded reference holds there and to the rank's device
+(docs/tolerances.md#the-dtype-and-device-contract)."""
 from __future__ import annotations
 
 from parity.observe.records import MICRO, record_kind

@@ -1,9 +1,5 @@
-"""A low-precision case's float32 master weights, after every update, against the reference's.
-
-A master that loses precision moves the bf16/fp16 model weights by less than their rounding unit, so
-it is checked itself: the subject's "master_weight" records against the reference's SGD master, with
-tolerances.master_weight_bound (on a miss, master_weight_sampled_bound; docs/tolerances.md#master-weights).
-"""
+"""A low-precision case's float32 master weights, after every update, against the reference's SGD master: a
+master that loses precision is invisible in the bf16/fp16 weights (docs/tolerances.md#master-weights)."""
 from __future__ import annotations
 
 import numpy as np

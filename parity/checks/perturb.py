@@ -1,11 +1,5 @@
-"""Planted numerical errors on one rank's observations, for measuring what the checks can detect.
-
-`parity sensitivity` (parity/sensitivity.py) perturbs one rank's recorded observations in the parent
-and judges them again with the same checks. Modes, each with a relative size eps: "scale" (every
-tensor of the observable, x -> (1 + eps) x), "element" (the first tensor's median-magnitude element,
-x_i -> (1 - eps) x_i) and "shard" (one TP shard's block, x -> (1 - eps) x); eps = 2 flips a sign.
-Details: docs/tolerances.md#sensitivity-targets-and-planted-errors.
-"""
+"""Planted numerical errors ("scale", "element", "shard") on one rank's observations, for `parity sensitivity`
+(docs/tolerances.md#sensitivity-targets-and-planted-errors)."""
 from __future__ import annotations
 
 import copy

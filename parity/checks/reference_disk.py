@@ -1,16 +1,6 @@
-"""The reference cache's copy on disk (parity run --reference-cache DIR): one file per computed
-reference pair (the case dtype's and the float64 oracle), named by a hash of everything the pair
-depends on, so that later runs, parallel jobs and pytest-xdist workers share what one computed.
-
-The key hashes the subject's reference_key (model spec, training spec with its seed, dtype), the
-source of the references/ package (an edit there is a new key, never a stale hit), torch's version
-and the CPU kernels it dispatches to (both can move the last bits of a float64 trajectory), and
-FORMAT. An entry is written to a temporary file in DIR and renamed into place, so a reader sees a
-whole entry or none; two writers of one key write the same numbers and either rename wins. An
-entry that cannot be read back, or that holds another key, is computed again and rewritten.
-Entries are loaded with torch.load(weights_only=True): a shared directory cannot make this process
-run code from a pickle.
-"""
+"""The reference cache's copy on disk (parity run --reference-cache DIR): one file per computed reference pair,
+named by a hash of everything the pair depends on, written atomically and loaded with weights_only
+(docs/speed.md, --reference-cache)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,8 +1,5 @@
-"""Universal-checkpoint resumes (parity/subjects/deepspeed_universal.py): every resumed tensor must be
-bitwise the saved layout's TP shards concatenated and re-sliced by the suite's own partition formula, and
-the run after the resume is held to the uninterrupted reference within the usual bounds. A missing
-optimizer state of a zero-element shard is accepted (docs/tolerances.md#universal-checkpoint-resumes).
-"""
+"""Universal-checkpoint resumes: every resumed tensor bitwise the saved shards re-sliced by the suite's formula,
+the run after it within the usual bounds (docs/tolerances.md#universal-checkpoint-resumes)."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +20,8 @@ def saved_whole(comparison, name: str, state: str):
         held = saved["state"].get(name, {})
         piece = held.get(state)
         if piece is None and state != "weight" and _zero_element(held.get("weight")):
-            piece = np.zeros_like(held["weight"])  # an empty shard: no state kept, none owed (module docstring)
+            # an empty shard: no state kept, none owed (docs/tolerances.md#universal-checkpoint-resumes)
+            piece = np.zeros_like(held["weight"])
         pieces[saved["tp_rank"]] = piece
     if sorted(pieces) != list(range(save_tp)) or any(p is None for p in pieces.values()):
         return None

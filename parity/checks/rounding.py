@@ -1,11 +1,6 @@
-"""Rounding samples: the case-dtype reference rerun with other, equally valid roundings.
-
-Monte Carlo arithmetic: under RoundingNoise every rounding op's result moves by a factor (1 + u r), r
-uniform in [-1, 1] and u its output dtype's unit roundoff, and is rounded back; the spread of the reruns'
-errors measures the rounding error the computation allows where the reference's single error does not
-(a cancelling sum). The reference's exact inputs are left alone; sample i uses seed i.
-Why, and what it was measured against: docs/tolerances.md#rounding-samples.
-"""
+"""Rounding samples: the case-dtype reference rerun with other, equally valid roundings (Monte Carlo arithmetic:
+every rounding op's result moved by up to a unit of its dtype; sample i uses seed i). Why, and what it was
+measured against: docs/tolerances.md#rounding-samples."""
 from __future__ import annotations
 
 import torch
@@ -33,9 +28,8 @@ def _rounds(func) -> bool:
     return name in ROUNDING_OPS or (name.endswith("_") and name[:-1] in ROUNDING_OPS)
 
 
-# id(func) -> (func, rule), rule None where its result is not a rounded value, else (is it a cast, is
-# it in-place): decided once per op (a rerun dispatches thousands of ops, most of them views, copies
-# and comparisons). Keyed by id: an OpOverload hashes in Python; the entry keeps it alive, so its id stays its own.
+# id(func) -> (func, rule), rule None where its result is not a rounded value, else (is it a cast, is it in-place):
+# decided once per op (docs/tolerances.md#rounding-samples). The entry keeps func alive, so its id stays its own.
 _RULES: dict = {}
 
 
@@ -99,9 +93,8 @@ ORACLE_KIND = {k.name: k.oracle for k in RECORDS.values() if k.oracle}
 
 
 def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Trajectory:
-    """Per record, |rerun - oracle| of each of ``samples`` perturbed case-dtype reruns, stacked along a
-    new first dimension: the max criteria take the elementwise max over it, the RMS criterion each
-    sample's own RMS (parity.checks.tolerances.judge_close)."""
+    """Per record, |rerun - oracle| of each of ``samples`` perturbed case-dtype reruns, stacked along a new
+    first dimension (parity.checks.tolerances.judge_close reads it)."""
     errors: dict = {}
     for seed in range(samples):
         with RoundingNoise(seed):
@@ -115,8 +108,7 @@ def sampled_error(subject, values: dict, oracle: Trajectory, samples: int) -> Tr
     return spread
 
 
-# Computed only for a small tensor that misses its first bound (tolerances.judge_close), then shared
-# by every check of the case and of cases with the same reference_key, as the references are.
+# Computed on a miss that needs them, then shared as the references are (docs/tolerances.md#rounding-samples).
 SPREAD_CACHE_SIZE = 64
 _cache = BoundedCache(lambda: SPREAD_CACHE_SIZE)
 

@@ -1,11 +1,6 @@
-"""Stage-local oracles: one stage of a training step re-evaluated on the subject's own inputs to it.
-
-The subject's recorded stage inputs are taken as exact and the stage is done twice by the reference's
-code, at the case dtype and in float64; the subject's stage output is then held to the stage
-reference's own error, with no upstream rounding inherited. Stages: head input -> logits, logits ->
-loss, logits -> head-input gradient, logits and head input -> head weight and bias gradient, an
-embedding's lookup -> its loss. Why, and each stage's arithmetic: docs/tolerances.md#stage-local-oracles.
-"""
+"""Stage-local oracles: one stage of a training step redone by the reference's code, at the case dtype and in
+float64, on the subject's own recorded inputs to it, so no upstream rounding is inherited. Why, and each
+stage's arithmetic: docs/tolerances.md#stage-local-oracles."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,25 +13,16 @@ from references.seeding import exact_inputs
 from references.trajectory import trainer_objective
 
 
-# The stage reference is a pure function of its inputs; `parity sensitivity` judges one case's
-# observations many times with most stage inputs unchanged, so recent results are kept, keyed by the
-# inputs' bytes.
+# Recent stage references, keyed by their inputs' bytes (docs/tolerances.md#stage-local-oracles).
 _CACHE_SIZE = 64
 _CACHE = BoundedCache(lambda: _CACHE_SIZE)  # locked: parity run -j judges cases in threads
 
 
 def losses_and_head_input_grads(logits: list, labels: list, weights: list | None, num_items: list, spec,
                                 train, dtype: torch.dtype):
-    """For every micro-batch i (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss, the
-    logits gradient [B*T, V] and, with ``weights`` (weights[i] the full [V, H] head weight it ran
-    with), the head-input gradient [B*T, H], computed from those logits in ``dtype`` the reference's
-    way (the logits gradient kept in ``dtype``, as autograd hands it to Linear's backward); float64
-    is the oracle.
-    ``train`` (references.trajectory.TrainingSpec) says what the user's trainer backpropagates
-    (trainer_objective: the reference's own rule, so the stage and the trajectory cannot disagree).
-
-    One autograd graph for all micro-batches of a case (their losses are independent, so one
-    backward of their sum gives each one's gradient): a graph per micro-batch cost ten times more."""
+    """Per micro-batch (logits[i] [B, T, V], labels[i] [B, T], num_items[i]): the loss, the logits gradient [B*T, V]
+    and, with ``weights`` ([V, H] each), the head-input gradient [B*T, H], in ``dtype`` the reference's way (float64:
+    the oracle), one autograd graph for all (docs/tolerances.md#stage-local-oracles)."""
     key = (b"".join(a.tobytes() for a in logits), logits[0].shape, len(logits),
            b"".join(t.numpy().tobytes() for t in labels),
            None if weights is None else b"".join(w.tobytes() for w in weights), tuple(num_items), spec,
@@ -66,9 +52,8 @@ def _compute(logits, labels, weights, num_items, spec, train, dtype):
 
 
 def partial_products_magnitude(dz: torch.Tensor, weight: np.ndarray, parts: list) -> np.ndarray:
-    """sum over the vocabulary shards ``parts`` (slices) of |dz[:, part] @ weight[part]|, in float64: the
-    magnitudes of the partial products a vocabulary-sharded head's input gradient rounds before its
-    all-reduce adds them (docs/tolerances.md#a-sharded-heads-partial-products). dz [N, V], weight [V, H]."""
+    """sum over the vocabulary shards ``parts`` of |dz[:, part] @ weight[part]| in float64 (dz [N, V], weight
+    [V, H]): the partial products' magnitudes (docs/tolerances.md#a-sharded-heads-partial-products)."""
     dz, w = dz.double(), torch.from_numpy(weight).double()
     return sum((dz[:, part] @ w[part]).abs() for part in parts).numpy()
 
@@ -93,9 +78,8 @@ def logits_from_head_input(x: np.ndarray, weight: np.ndarray, bias: np.ndarray |
 
 
 def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
-    """One step's head weight [V, H] (and bias [V]) gradient from its micro-batches' logits gradients
-    dzs[i] [N, V] (in ``dtype``, from losses_and_head_input_grads) and head inputs xs[i] (numpy,
-    [..., H]): dz^T x per micro-batch in ``dtype``, accumulated in ``dtype`` (autograd's p.grad)."""
+    """One step's head weight [V, H] (and bias [V]) gradient: dz^T x per micro-batch (dzs[i] [N, V], xs[i] numpy
+    [..., H]) in ``dtype``, accumulated in ``dtype`` as autograd's p.grad."""
     weight = bias = None
     for dz, x in zip(dzs, xs):
         dz = dz.to(dtype)
@@ -110,9 +94,8 @@ def head_param_grads(dzs: list, xs: list, dtype: torch.dtype, with_bias: bool):
 
 
 def shared_rounding_weights(logits: np.ndarray, dz64: torch.Tensor, u: float) -> np.ndarray:
-    """[N, V]: each logits-gradient entry's share of its token's row-shared log-sum-exp rounding
-    (docs/tolerances.md#a-rows-shared-rounding): p_tv s_t e_t, from the logits [..., V] the stage ran on and
-    its float64 logits gradient dz64 [N, V] = (p - onehot) s_t (s_t the token's loss scale, 0 if ignored)."""
+    """[N, V]: p_tv s_t e_t, each logits-gradient entry's share of its token's row-shared log-sum-exp rounding,
+    from the stage's logits and float64 dz64 = (p - onehot) s_t (docs/tolerances.md#a-rows-shared-rounding)."""
     from parity.checks.tolerances import lse_shared_error
 
     z = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
@@ -127,8 +110,7 @@ def shared_rounding_weights(logits: np.ndarray, dz64: torch.Tensor, u: float) ->
 
 
 def head_grad_shared_rms(weights: list, xs: list, with_bias: bool):
-    """A step's bound of the head weight [V, H] (and bias [V]) gradient's row-shared rounding error, entry by
-    entry, from its micro-batches' shared_rounding_weights and head inputs xs (numpy [..., H]): the tokens'
+    """A step's per-entry bound of the head weight (and bias) gradient's row-shared rounding error: the tokens'
     shares combined in quadrature, sqrt(sum_t (w_tv x_th)^2)."""
     weight = bias = 0.0
     for w, x in zip(weights, xs):
@@ -140,10 +122,8 @@ def head_grad_shared_rms(weights: list, xs: list, with_bias: bool):
 
 
 def sampled_logits_grads(logits, labels, num_items, spec, train, dtype: torch.dtype, seed: int) -> list:
-    """The logits gradients of losses_and_head_input_grads at ``dtype`` with every rounding moved by
-    up to a unit (parity.checks.rounding's RoundingNoise, sample ``seed``): one rounding sample of the
-    CE stage, for the head-gradient stage's bound. Never cached: a perturbed result must not stand in
-    for the stage reference."""
+    """One rounding sample (``seed``) of the CE stage's logits gradients, for the head-gradient stage's bound;
+    never cached, so a perturbed result cannot stand in for the stage reference."""
     with RoundingNoise(seed):
         return _compute(logits, labels, None, num_items, spec, train, dtype)[2]
 

@@ -1,16 +1,7 @@
-"""Every numerical bound the suite applies, in one place.
-
-A subject's value is compared with the float64 oracle; each tensor must meet three criteria, each a
-multiple of the unsharded case-dtype reference's own error plus a floor of unit roundoffs:
-
-- max: SHARDING_SLACK x max|ref - oracle| + FLOOR_ULPS u max|oracle| (docs/tolerances.md#the-max-criterion);
-- RMS, on tensors of ELEMENTWISE_MIN_SIZE elements or more (rms_bound; docs/tolerances.md#the-rms-criterion);
-- element-wise, on the same tensors (docs/tolerances.md#the-element-wise-criterion).
-
-On a miss, the rounding samples (parity/checks/rounding.py) may widen a bound where they disprove its
-premise; judge_close applies those gates in order, each documented in its own section of
-docs/tolerances.md. Checks with no arithmetic are exact (docs/tolerances.md#the-sgd-identity).
-"""
+"""Every numerical bound the suite applies, in one place: each tensor meets the max, RMS and element-wise
+criteria, multiples of the unsharded reference's own error plus a floor of unit roundoffs, which the rounding
+samples may widen where they disprove a premise (judge_close). Why each bound has its form, and the evidence:
+docs/tolerances.md#the-bounds-in-short."""
 from __future__ import annotations
 
 import functools
@@ -26,42 +17,32 @@ SHARDING_SLACK = 4.0
 FLOOR_ULPS = 16.0
 
 
-# Element-wise and RMS criteria; a tensor smaller than this has too few elements for an RMS to estimate
-# an error's size: the max criterion alone judges it (docs/tolerances.md#the-rms-criterion).
+# Element-wise and RMS criteria, on tensors of ELEMENTWISE_MIN_SIZE or more (docs/tolerances.md#the-rms-criterion).
 ELEMENTWISE_MIN_SIZE = 32
 RMS_SLACK = 2.0
-# An RMS miss beyond this factor is judged by the samples only where they are dispersed: beyond it the
-# other gates' premises no longer describe the miss (docs/tolerances.md#the-samples-reach).
+# An RMS miss beyond this factor is judged by the samples only where dispersed (docs/tolerances.md#the-samples-reach).
 RMS_SAMPLED_REACH = 4.0
 RMS_FLOOR_ULPS = 1.0
 ELEMENT_SLACK = 16.0
 ELEMENT_FLOOR_ULPS = 4.0
-# Reruns of the case-dtype reference with random roundings, for a small tensor that misses its max
-# bound or a large one whose RMS misses by at most RMS_SAMPLED_REACH
-# (docs/tolerances.md#small-tensors-and-the-sampled-max: why eight).
+# Reruns of the reference with random roundings (docs/tolerances.md#small-tensors-and-the-sampled-max: why eight).
 ROUNDING_SAMPLES = 8
-# The RMS error of one rounding of every value, in units of u x rms(oracle): a relative error spread
-# over [-u, u] (an upper estimate; docs/tolerances.md#the-rms-criterion).
+# The RMS error of one rounding of every value, in units of u x rms(oracle) (docs/tolerances.md#the-rms-criterion).
 ONE_ROUNDING_RMS = 3 ** -0.5
-# Samples whose RMS errors spread (max / min) beyond DISPERSED_SPREAD say fewer than MIN_RMS_SOURCES
-# independent roundings make the error: exp(d2 / sqrt(2 n)), d2 the expected range of 8 normals
-# (docs/tolerances.md#dispersed-samples).
+# Samples whose RMS errors spread beyond DISPERSED_SPREAD say fewer than MIN_RMS_SOURCES roundings make the
+# error (docs/tolerances.md#dispersed-samples).
 MIN_RMS_SOURCES = 4
 EXPECTED_RANGE_OF_8_NORMALS = 2.847
 DISPERSED_SPREAD = float(np.exp(EXPECTED_RANGE_OF_8_NORMALS / np.sqrt(2 * MIN_RMS_SOURCES)))
 
 
-# How many standard deviations of the log ratio of two runs' RMS errors a few-source tensor's slack
-# allows: exp(FEW_SOURCE_Z sqrt(2) sigma) where that exceeds RMS_SLACK (docs/tolerances.md#few-sources).
+# Standard deviations of two runs' log RMS ratio a few-source tensor's slack allows (docs/tolerances.md#few-sources).
 FEW_SOURCE_Z = 3.0
 
 
-# Monte Carlo arithmetic's samples err wide by about this factor: a reference whose RMS error lies below
-# every sample's divided by it is a lucky draw (docs/tolerances.md#a-reference-that-rounded-luckily).
+# How wide Monte Carlo arithmetic's samples err, and the most RMS error (in one-roundings) a sample gives values
+# rounded once (docs/tolerances.md#a-reference-that-rounded-luckily).
 SAMPLES_WIDTH = 2.0
-# The most RMS error, in one-roundings (ONE_ROUNDING_RMS u rms(oracle)), a Monte Carlo sample gives a
-# tensor whose values are rounded once: sqrt of max_s s^2 + 12 (1 - s) s^2 = sqrt 2.26
-# (docs/tolerances.md#a-reference-that-rounded-luckily).
 MCA_ONE_ROUNDING = 1.5
 
 
@@ -89,18 +70,16 @@ def parity_bound(dtype_name, reference_error: float, scale: float) -> Bound:
 
 
 def master_weight_bound(dtype_name: str, reference_error: float, scale: float, movement: float) -> Bound:
-    """A low-precision case's float32 master weights: SHARDING_SLACK x the reference master's error, a
-    float32 floor on the value it holds and a case-dtype floor on ``movement`` = max|oracle - initial|,
-    what it moved by (docs/tolerances.md#master-weights)."""
+    """A float32 master's bound: a float32 floor on its value and a case-dtype floor on ``movement`` =
+    max|oracle - initial| (docs/tolerances.md#master-weights)."""
     value = (SHARDING_SLACK * reference_error + FLOOR_ULPS * unit_roundoff("fp32") * scale
              + FLOOR_ULPS * unit_roundoff(dtype_name) * movement)
     return Bound(value, reference_error, scale)
 
 
 def master_weight_sampled_bound(dtype_name: str, first: Bound, sampled_error: float, movement: float) -> Bound | None:
-    """The master bound with the rounding samples' error as the reference error, or None where that
-    error exceeds neither the reference's nor the movement floor (the samples do not disprove the
-    floor's premise: a cancelling gradient; docs/tolerances.md#master-weights)."""
+    """The master bound with the rounding samples' error as the reference error, or None where the samples
+    do not disprove the floor's premise (docs/tolerances.md#master-weights)."""
     if sampled_error <= max(first.reference_error, FLOOR_ULPS * unit_roundoff(dtype_name) * movement):
         return None
     return master_weight_bound(dtype_name, sampled_error, first.scale, movement)
@@ -125,25 +104,20 @@ def _rms(a: np.ndarray) -> float:
         return 0.0
     if a.dtype != np.float64:  # np.mean accumulates float16 in float32: keep its rules for other dtypes
         return float(np.sqrt(np.mean(a * a)))
-    # np.add.reduce(...) / size is what np.mean computes for float64, bit for bit, without its per-call
-    # dispatch (the comparison calls this about 700 times a case, on tiny arrays).
+    # np.mean's float64 result bit for bit, without its per-call dispatch (called about 700 times a case).
     return float(np.sqrt(np.add.reduce(a * a, axis=None) / a.size))
 
 
 def _whole_samples(sampled_error) -> tuple[np.ndarray, float] | None:
-    """The rounding samples' errors over the whole tensor a shard was cut from, and that tensor's
-    max|oracle|; None where sampled_error offers no whole (it is the whole tensor, or unknown)."""
+    """(errors, max|oracle|) of the whole tensor a shard was cut from; None where sampled_error offers none."""
     whole = getattr(sampled_error, "whole", None)
     return None if whole is None else whole()
 
 
 def lucky_stand_in(errors: np.ndarray | None, rms_err: float, one_rounding: float,
                    inherits: bool = False) -> float | None:
-    """The smallest sample's RMS error over SAMPLES_WIDTH where every sample errs beyond what one rounding
-    of the values gives a sample (MCA_ONE_ROUNDING x ``one_rounding``) and the reference's lies below the
-    stand-in and below one rounding (docs/tolerances.md#a-reference-that-rounded-luckily), else None. An
-    end-to-end check (``inherits``) needs the reference's error only below the stand-in
-    (docs/tolerances.md#an-inherited-errors-lucky-draw)."""
+    """The smallest sample's RMS error over SAMPLES_WIDTH where the reference rounded luckily, else None
+    (docs/tolerances.md#a-reference-that-rounded-luckily; docs/tolerances.md#an-inherited-errors-lucky-draw)."""
     if errors is None or not len(errors):
         return None
     smallest = min(_rms(e) for e in errors)
@@ -155,32 +129,25 @@ def lucky_stand_in(errors: np.ndarray | None, rms_err: float, one_rounding: floa
 
 
 def _samples(sampled_error, oracle: np.ndarray) -> np.ndarray | None:
-    """The rounding samples' errors at the places of oracle, one sample per index of the first axis;
-    None where the reruns have no such record."""
+    """The rounding samples' errors at the places of oracle, one per index of the first axis, or None."""
     errors = sampled_error()
     return errors if errors is not None and len(errors) and errors.shape[1:] == oracle.shape else None
 
 
 def lse_shared_error(row_max: np.ndarray, lse: np.ndarray, u: float) -> np.ndarray:
-    """The bound of each token's log-sum-exp rounding, shared by its whole row: the log of the sum (value
-    lse - max) and the add of the max, each at most u of its value (docs/tolerances.md#a-rows-shared-rounding)."""
+    """The bound of each token's log-sum-exp rounding, shared by its row (docs/tolerances.md#a-rows-shared-rounding)."""
     return u * ((lse - row_max) + np.abs(lse))
 
 
 def stage_rms_floor_ulps(floor_dtype) -> float:
-    """A stage-local check's RMS floor in units of its floor dtype: one rounding of each value where the
-    stage accumulates in float32 and rounds to a narrower dtype, RMS_FLOOR_ULPS where it computes in its
-    floor dtype (docs/tolerances.md#a-stages-rms-floor)."""
+    """A stage-local check's RMS floor in units of its floor dtype (docs/tolerances.md#a-stages-rms-floor)."""
     return RMS_FLOOR_ULPS if unit_roundoff(floor_dtype) <= unit_roundoff("fp32") else ONE_ROUNDING_RMS
 
 
 def rms_bound(rms_err: float, u: float, rms_scale: float, inherits: bool = True,
               floor_ulps: float = RMS_FLOOR_ULPS, slack: float = RMS_SLACK) -> float:
-    """The RMS criterion's bound: the part of the reference's RMS error one rounding of the values explains
-    with RMS_SLACK, the inherited rest with SHARDING_SLACK, and the floor (docs/tolerances.md#the-rms-criterion).
-    A stage-local check (``inherits`` False) holds all of it to ``slack``, with floor ``floor_ulps``
-    (stage_rms_floor_ulps). ``slack``: a few-source tensor's (few_source_slack) in place of RMS_SLACK, and
-    of SHARDING_SLACK where it is larger."""
+    """The RMS criterion's bound; a stage-local check (``inherits`` False) holds all of the error to ``slack``, a
+    few-source tensor's slack replaces RMS_SLACK (docs/tolerances.md#the-rms-criterion)."""
     if not inherits:
         return slack * rms_err + floor_ulps * u * rms_scale
     one_rounding = ONE_ROUNDING_RMS * u * rms_scale
@@ -195,8 +162,7 @@ def _sample_rms(errors: np.ndarray) -> list[float]:
 
 
 def _spread(errors: np.ndarray) -> float | None:
-    """max / min of the samples' RMS errors (entries the oracle leaves nan dropped): inf where one
-    sample is exact and another is not, None where every sample is exact."""
+    """max / min of the samples' RMS errors: inf where one sample is exact, None where all are."""
     each = _sample_rms(errors)
     if not each or max(each) == 0:
         return None
@@ -204,9 +170,8 @@ def _spread(errors: np.ndarray) -> float | None:
 
 
 def dispersed(errors: np.ndarray | None, trajectory=None) -> bool:
-    """The samples' RMS errors further apart than DISPERSED_SPREAD: at this step, or as the geometric mean
-    of every step's spread of the same record (``trajectory``: a callable giving the samples' errors at
-    each step, this one included; docs/tolerances.md#dispersed-samples)."""
+    """The samples' RMS errors further apart than DISPERSED_SPREAD, at this step or over the record's steps
+    (``trajectory``; docs/tolerances.md#dispersed-samples)."""
     if errors is None:
         return False
     own = _spread(errors)
@@ -219,8 +184,7 @@ def dispersed(errors: np.ndarray | None, trajectory=None) -> bool:
 
 
 def _log_rms_variance(errors: np.ndarray) -> float | None:
-    """The variance (ddof 1) of the samples' log RMS errors, entries the oracle leaves nan dropped; None
-    where a sample is exact (no log) or there are fewer than two."""
+    """The variance (ddof 1) of the samples' log RMS errors; None where a sample is exact or fewer than two."""
     each = np.array(_sample_rms(errors))
     if len(each) < 2 or not (each > 0).all():
         return None
@@ -228,9 +192,8 @@ def _log_rms_variance(errors: np.ndarray) -> float | None:
 
 
 def few_source_slack(errors: np.ndarray | None, trajectory=None) -> float:
-    """The RMS slack a tensor's own rounding samples call for: exp(FEW_SOURCE_Z sqrt(2) sigma), sigma the
-    standard deviation of the samples' log RMS errors, its variance pooled over the record's steps
-    (``trajectory``, as for dispersed) where known, never below RMS_SLACK (docs/tolerances.md#few-sources)."""
+    """The RMS slack a tensor's own rounding samples call for, never below RMS_SLACK
+    (docs/tolerances.md#few-sources)."""
     if errors is None:
         return RMS_SLACK
     pooled = [v for v in map(_log_rms_variance, trajectory() if trajectory is not None else [errors])
@@ -255,15 +218,11 @@ def _element_judgement(diff, ref_err, rms_err: float, u: float, scale, criterion
 
 def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtype, sampled_error=None,
                 inherits: bool = True, shared_rms: float = 0.0, rounded_at: np.ndarray | None = None) -> Judgement:
-    """Every criterion of the module docstring for one tensor; passes when all pass. ``floor_dtype``: a
-    name or torch dtype (docs/tolerances.md#the-floor-dtype). ``sampled_error``: a callable giving the rounding samples'
-    |rerun - oracle| at the places of ``oracle`` (parity/checks/rounding.py), called only for a small
-    tensor that misses its max bound or a large one whose RMS misses by at most RMS_SAMPLED_REACH.
-    ``inherits``: False for a stage-local check, whose reference starts from exact inputs (rms_bound).
-    ``shared_rms``: the RMS of a stage's row-shared roundings, added to the RMS bound
-    (docs/tolerances.md#a-rows-shared-rounding). ``rounded_at``: per entry of oracle, the magnitude of an
-    intermediate a valid evaluation rounds, where it may exceed |oracle|: the floors' scale is the larger
-    of the two (docs/tolerances.md#a-biased-heads-product)."""
+    """Every criterion for one tensor; passes when all pass. ``floor_dtype``: a name or torch dtype
+    (docs/tolerances.md#the-floor-dtype); ``sampled_error``: a callable giving the rounding samples' |rerun -
+    oracle|, called only on a miss it may widen; ``inherits``: False for a stage-local check; ``shared_rms``
+    (docs/tolerances.md#a-rows-shared-rounding) is added to the RMS bound; ``rounded_at``: per entry, an
+    intermediate a valid evaluation rounds (docs/tolerances.md#a-biased-heads-product)."""
     if not got.size:
         return Judgement(True, "max", 0.0, 0.0)
     u = unit_roundoff(floor_dtype)
@@ -275,9 +234,8 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     if not results[0].passed and got.size < ELEMENTWISE_MIN_SIZE and sampled_error is not None:
         errors = _samples(sampled_error, oracle)
         sampled = 0.0 if errors is None else float(errors.max())
-        # Only where the samples disprove the floor's premise (rounding errors within FLOOR_ULPS units
-        # of max|oracle|): a cancelling sum (docs/tolerances.md#small-tensors-and-the-sampled-max). A shard
-        # is gated by its whole tensor (docs/tolerances.md#a-shard-gated-by-its-whole-tensor).
+        # Only where the samples disprove the floor's premise (docs/tolerances.md#small-tensors-and-the-sampled-max),
+        # a shard by its whole tensor (docs/tolerances.md#a-shard-gated-by-its-whole-tensor).
         cancels = sampled > max(max_ref_err, FLOOR_ULPS * u * max_scale)
         whole = _whole_samples(sampled_error) if errors is not None and not cancels else None
         if whole is not None and len(whole[0]):
@@ -297,9 +255,8 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             return taken[0]
 
         def samples_disprove():
-            """The samples' elementwise errors (their max over the samples) where their RMS exceeds the
-            reference's and FLOOR_ULPS units of the values' RMS (the entries inherit a few cancelling sums'
-            errors: docs/tolerances.md#large-tensors-and-the-sampled-rms), else None."""
+            """The samples' elementwise max error where it disproves the RMS premise, else None
+            (docs/tolerances.md#large-tensors-and-the-sampled-rms)."""
             nonlocal cancelling
             if cancelling is None:
                 errors = samples()
@@ -318,9 +275,8 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
             return dispersed(samples(), trajectory)
 
         if not results[0].passed and sampled_error is not None and samples_dispersed():
-            # The max bound's premise, that the largest of many elements' errors is a stable estimate,
-            # fails where the samples say the entries share a few sources: the samples' largest error
-            # stands for the reference's (docs/tolerances.md#the-max-criterion-of-a-few-source-tensor).
+            # Entries that share a few sources: the samples' largest error stands for the reference's
+            # (docs/tolerances.md#the-max-criterion-of-a-few-source-tensor).
             sampled = float(samples().max())
             if sampled > max_ref_err:
                 bound = parity_bound(floor_dtype, sampled, max_scale).value
@@ -332,9 +288,8 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
         rms_judged = Judgement(rms_diff <= bound_rms, "rms", rms_diff, bound_rms)
         if (not rms_judged.passed and sampled_error is not None
                 and (rms_judged.measured <= RMS_SAMPLED_REACH * bound_rms or samples_dispersed())):
-            # Only where the samples disprove the RMS's premise: by magnitude, a few cancelling sums'
-            # errors inherited by every entry; by dispersion, too few independent roundings for one
-            # run's RMS error to stand for another's (docs/tolerances.md#large-tensors-and-the-sampled-rms).
+            # Only where the samples disprove the RMS's premise, by magnitude or by dispersion
+            # (docs/tolerances.md#large-tensors-and-the-sampled-rms).
             errors = samples_disprove()
             if errors is not None:
                 bound_rms = max(bound_rms, RMS_SLACK * _rms(errors) + floor_ulps * u * rms_scale + shared_rms)
@@ -347,34 +302,29 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
                 bound_rms = max(bound_rms, rms_bound(stand_in, u, rms_scale, inherits, floor_ulps) + shared_rms)
                 rms_judged = Judgement(rms_diff <= bound_rms, "lucky-reference rms", rms_diff, bound_rms)
             elif not inherits and (slack := few_source_slack(samples(), trajectory)) > RMS_SLACK:
-                # Few sources, yet more than the dispersion test's: one run's RMS error stands for
-                # another's only within the samples' own spread. A stage-local check only: there the
-                # subject's roundings and the reference's are independent draws (docs/tolerances.md#few-sources).
+                # Few sources, yet more than the dispersion test's; stage-local only (docs/tolerances.md#few-sources).
                 bound_rms = max(bound_rms, rms_bound(rms_err, u, rms_scale, inherits, floor_ulps, slack) + shared_rms)
                 rms_judged = Judgement(rms_diff <= bound_rms, "few-source rms", rms_diff, bound_rms)
         results.append(rms_judged)
         element = _element_judgement(diff, ref_err, rms_err, u, scale, "element")
         used = (ref_err, rms_err, "element")  # the reference errors the element criterion was held to
         if not element.passed and sampled_error is not None:
-            # The same premise, element by element: an entry's own reference error and its
-            # neighbourhood's are one rounding's where every entry inherits cancelling sums' errors
-            # (docs/tolerances.md#large-tensors-and-the-sampled-rms).
+            # The same premise, element by element (docs/tolerances.md#large-tensors-and-the-sampled-rms).
             errors = samples_disprove()
             if errors is None and samples_dispersed():
-                # The neighbourhood, rms(ref - oracle), is one run's RMS error: dispersed samples say
-                # it does not stand for another's (docs/tolerances.md#dispersed-samples).
+                # Dispersed samples: one run's neighbourhood does not stand for another's
+                # (docs/tolerances.md#dispersed-samples).
                 errors = samples().max(axis=0)
             if errors is not None:
                 used = (np.maximum(ref_err, errors), max(rms_err, _rms(errors)), "sampled element")
                 element = _element_judgement(diff, *used[:2], u, scale, used[2])
             elif (stand_in := lucky_stand_in(samples(), rms_err, one_rounding, inherits)) is not None:
-                # A lucky reference's RMS error understates the neighbourhood too
+                # A lucky reference understates the neighbourhood too
                 # (docs/tolerances.md#a-reference-that-rounded-luckily).
                 used = (ref_err, stand_in, "lucky-reference element")
                 element = _element_judgement(diff, *used[:2], u, scale, used[2])
         if not element.passed and diff.ndim >= 2 and diff.shape[-1] > 1:
-            # The neighbourhood is the element's row where that row's computation errs more than the
-            # tensor's typical one (docs/tolerances.md#a-rows-neighbourhood).
+            # The element's row as its neighbourhood where it errs more (docs/tolerances.md#a-rows-neighbourhood).
             rows = np.sqrt(np.mean(ref_err * ref_err, axis=-1, keepdims=True))
             if (rows > used[1]).any():
                 element = _element_judgement(diff, used[0], np.maximum(used[1], rows), u, scale, "row " + used[2])
@@ -387,21 +337,17 @@ def judge_close(got: np.ndarray, ref: np.ndarray, oracle: np.ndarray, floor_dtyp
     return Judgement(all(j.passed for j in results), worst.criterion, worst.measured, worst.bound, worst.index)
 
 
-# A clipped update w - lr * (g * c), c = clip / (norm + 1e-6) in float32: one float32 rounding of the
-# update for each of the eps add, the divide, g * c, the cast of lr and lr * (g * c)
-# (docs/tolerances.md#the-sgd-identity).
+# A clipped update's float32 roundings, each relative to the update (docs/tolerances.md#the-sgd-identity).
 CLIP_UPDATE_UNITS = 5
 
 
 def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = False, update_scale: float = 0.0,
                        coefficient_error: float = 0.0) -> float:
-    """How far w' may be from w - lr g (g already multiplied by the check's clipping coefficient).
-    update_scale: max |lr g|; coefficient_error: the relative error of the check's coefficient
-    against the subject's own (clip_coefficient_error). Both matter only when clipped."""
+    """How far w' may be from w - lr g (g clipped); update_scale max |lr g| and coefficient_error (the check's
+    coefficient against the subject's) matter only when clipped."""
     if dtype_name == "fp32" and not clipped:
         return 0.0
-    # bf16/fp16: the master's half unit and the cast back, one unit (2 u) of weight_scale, the larger
-    # weight before and after; clipping's rounded coefficient one more (docs/tolerances.md#the-sgd-identity).
+    # bf16/fp16: the master's half unit and the cast back; clipping one more (docs/tolerances.md#the-sgd-identity).
     units = (2 if dtype_name != "fp32" else 0) + (2 if clipped else 0)
     bound = units * unit_roundoff(dtype_name) * weight_scale
     if clipped:
@@ -410,9 +356,8 @@ def sgd_identity_bound(dtype_name: str, weight_scale: float, clipped: bool = Fal
 
 
 def clip_coefficient_error(reports_norm: bool, entries: int) -> float:
-    """Relative error of the clipping coefficient the check uses against the one the subject used: 0 with
-    the subject's own reported norm, else e / (1 - e), e = gamma(entries, u32) + u32, for the subject's
-    float32 norm of ``entries`` values (docs/tolerances.md#the-sgd-identity)."""
+    """Relative error of the check's clipping coefficient against the subject's: 0 with its reported norm, else
+    from its float32 norm of ``entries`` values (docs/tolerances.md#the-sgd-identity)."""
     if reports_norm:
         return 0.0
     u32 = unit_roundoff("fp32")
@@ -420,19 +365,13 @@ def clip_coefficient_error(reports_norm: bool, entries: int) -> float:
     return e / (1 - e)
 
 
-# -- Reading the ratios (reports and run comparison; nothing here decides a verdict) ------------
-# A case is "near-failing" when its worst measured/bound ratio reaches this fraction of the bound:
-# report.html plots it next to the failures (docs/tolerances.md#reading-the-ratios).
+# Reading the ratios in reports and `parity diff`; neither decides a verdict (docs/tolerances.md#reading-the-ratios).
 NEAR_FAILING_RATIO = 0.5
-# `parity diff` lists a case whose worst ratio moved by at least this much, absolute, in units of
-# its bound (docs/tolerances.md#reading-the-ratios).
 RATIO_CHANGE = 0.1
 
 
-# -- Stage-local bounds (the scale cases, parity/scale/) ----------------------------------------
-# Each stage re-evaluated in float64 on the subject's own inputs; the bound is that stage's own rounding
-# error from rounding-error analysis: probabilistic sum bounds (LAMBDA), split-K bf16 GEMM roundings, the
-# fp32 CE's elementwise roundings and one SGD step's (docs/tolerances.md#production-scale-stage-bounds).
+# -- Stage-local bounds of the scale cases (parity/scale/), from rounding-error analysis
+# (docs/tolerances.md#production-scale-stage-bounds).
 SPLIT_K_ROUNDINGS = 2.0
 CE_UNITS = 6.0  # subtract, exp, divide, log, add, subtract: one rounding each
 GRAD_OUT_UNITS = 3.0
@@ -477,7 +416,6 @@ def sgd_error_coeff(weight_dtype: str) -> tuple[float, float]:
     u_w = unit_roundoff(weight_dtype)
     return u_w, 2 * u_w
 
-# `parity sensitivity` (parity/sensitivity.py): the systematic relative error (x -> (1 + eps) x on
-# one rank) every check kind must catch, per case dtype: a few unit roundoffs of the dtype
-# (docs/tolerances.md#sensitivity-targets-and-planted-errors).
+# The systematic relative error every check kind must catch, per case dtype (`parity sensitivity`;
+# docs/tolerances.md#sensitivity-targets-and-planted-errors).
 SENSITIVITY_TARGETS = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}

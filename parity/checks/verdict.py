@@ -26,12 +26,10 @@ class Verdict:
     rank_errors: dict = field(default_factory=dict)  # rank -> parity.harness.rank_pool.RankError
     mode: str = ""  # how the ranks ran, e.g. "2 ranks sharing cuda:0 over gloo"
     observed: dict = field(default_factory=dict)  # facts worth reading in the summary, e.g. backends that ran
-    # What the reproducer needs besides the case id: the environment the case ran under (extra
-    # subject modules, a planted mutant, the visible GPUs) and strict mode, which turns a skip into a failure.
+    # The reproducer's environment (subject modules, a planted mutant, visible GPUs) and strict mode (skips fail).
     env: dict = field(default_factory=dict)
     strict: bool = False
-    # Seconds by phase (parity.harness.timing), for parity run --profile; never in as_dict(): a
-    # report's results must not depend on how fast the machine was.
+    # Seconds by phase (parity.harness.timing) for --profile; never in as_dict(): results must not depend on speed.
     timing: dict = field(default_factory=dict)
     # finding (mark name) -> PRESENT or FIXED, for a case under known divergences (parity.harness.runner)
     findings: dict = field(default_factory=dict)

@@ -1,13 +1,5 @@
-"""Subject registry. Adding a framework = one module here + one case file under cases/: the module's Subject
-classes declare everything the registries and the generated tables of docs/subjects.md read (name, framework,
-feature, axes, claims).
-
-PARITY_SUBJECT_MODULES (comma-separated module names, each with a SUBJECTS list) adds subjects
-from elsewhere, e.g. the deliberately broken subjects of the self-tests. Rank processes inherit
-the variable, so they resolve the same names. A name resolves against sys.path and then the current
-directory: the `parity` console script's sys.path holds its bin directory, not the directory it was
-started from, so `tests.faulty_subjects` would not import from there otherwise.
-"""
+"""Subject registry: every concrete Subject class of this package, plus the SUBJECTS lists of the modules named in
+PARITY_SUBJECT_MODULES (docs/subjects.md#adding-a-subject)."""
 from __future__ import annotations
 
 import importlib
@@ -20,8 +12,8 @@ from parity.subjects.base import Subject
 
 
 def _package_subjects() -> list[Subject]:
-    """One instance of every concrete Subject class with a public name defined in a module of this package, in
-    module-name order and then definition order: adding a subject is writing its class, nothing lists it."""
+    """One instance of every concrete Subject class with a public name in this package, in module-name order and
+    then definition order: nothing lists a subject."""
     found = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         module = importlib.import_module(f"{__name__}.{info.name}")

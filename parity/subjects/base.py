@@ -1,10 +1,6 @@
-"""The one interface every subject implements.
-
-A subject turns a case into observations on each rank (``run_rank``) and states what it claims
-about itself (``claims``): which modules it installs, how each parameter is sharded, how its
-logits are laid out, which loss backend must run. The comparison checks both the numbers and the
-claims, so a subject that silently did nothing, or did something else, fails.
-"""
+"""The one interface every subject implements: ``run_rank`` turns a case into observations on each rank,
+``claims`` says what the subject installs, shards and runs; both are checked, so a subject that silently
+did nothing, or something else, fails (docs/subjects.md#the-subject-interface)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -14,15 +10,10 @@ from references.tiny_lm import ModelSpec
 from references.trajectory import TrainingSpec
 
 
-# The seed axis (parity/axes.py) picks a draw of initial weights and data. Seed 0 is each
-# subject's historical base seed, so the default matrix keeps its ids and its numbers; seed N moves
-# the base by N * SEED_STRIDE. The stride keeps draws apart from streams a subject derives from its
-# seed by small offsets (the loss-only subjects' Hessian-vector direction uses seed + 1).
+# Seed N of the seed axis moves a subject's base seed by N * SEED_STRIDE (docs/checks.md#seeds).
 SEED_STRIDE = 1000
 
-# The head axis's values (parity/axes.py) every subject with a head takes. "output" is a head only where
-# the subject passes it to DeepSpeed as partition_config.lm_head_patterns (vocab_parallel), so the others list
-# these instead of the whole domain.
+# The head axis's values every subject with a head takes ("output" only where lm_head_patterns names it).
 NAMED_HEADS = ("lm_head", "embed_out", "model.lm_head")
 
 
@@ -40,34 +31,25 @@ def padding_index(values: dict) -> int | None:
 class Claims:
     module_types: dict  # module path in the model -> class name that must be there after setup
     param_shards: dict  # parameter name -> dim it is sharded along, None when replicated
-    # parameter name -> for each TP rank, the (start, stop) ranges of the full dim it holds, in order: a layout the
-    # library documents other than the split formula (AutoTP's kv-head split, a packed gate/up pair's halves).
+    # parameter name -> per TP rank, the (start, stop) ranges it holds: a documented layout other than the formula.
     param_layout: dict = field(default_factory=dict)
-    # per-micro-batch records -> the dim a rank holds a shard of (None: every rank holds all of it).
-    # Sharded records are also assembled by the harness and checked whole.
+    # per-micro-batch records -> the dim a rank holds a shard of (None: all of it); shards are also checked whole.
     micro_records: dict = field(default_factory=lambda: {"logits": None, "loss": None, "head_input_grad": None})
     exact_records: tuple = ()  # records that involve no arithmetic: compared bitwise with the reference
     loss_backend: str | None = None  # backend that must run on every rank for every micro-batch
-    # The implementation that must carry the head's one collective per forward on every rank (e.g. DeepSpeed's
-    # inference_all_reduce: "shm" or "torch.distributed.all_reduce"); a subject records facts["collective_path"].
+    # The implementation that must carry the head's one collective per forward (facts["collective_path"]).
     collective_path: str | None = None
-    # The precision every matrix product of the call must take its operands in (a subject records facts["gemm_dtypes"],
-    # parity/observe/gemm_dtypes.py); None: not claimed.
+    # The precision every matrix product must take its operands in (facts["gemm_dtypes"]); None: not claimed.
     gemm_dtype: str | None = None
     reports_grad_norm: bool = False  # the subject exposes the global norm it clipped with
-    # (path, path) pairs of parameters that must be one and the same Parameter on every rank after setup
-    # (a tied head and its embedding); a subject records them as facts["shared_params"]["a=b"].
+    # (path, path) pairs that must be one and the same Parameter after setup (facts["shared_params"]["a=b"]).
     shared_params: tuple = ()
     # how shards are sized (parity.observe.partition.SPLITS): "near_even" (AutoTP) or "chunk" (DTensor's Shard)
     split: str = "near_even"
-    # True: every record is one computation from the reference's exact inputs, rounded in a low precision
-    # (a loss-only subject handed the very tensors the reference starts from): the reference's error is
-    # that computation's own roundings, many independent ones, nothing inherited from earlier steps, so
-    # its checks are judged as stage-local ones (parity.checks.tolerances.rms_bound, ``inherits`` False).
+    # True: every record is one computation from the reference's exact inputs (a loss-only subject), so its
+    # checks are judged as stage-local ones (docs/subjects.md#the-subject-interface).
     stage_local: bool = False
-    # False: the recorded logits are not the head's product but a function of it (a logit scale, a softcap), so
-    # the stages that recompute them from the head's weight and input (logits[stage], the head's gradient and
-    # input gradient from the logits' gradient) do not apply; loss[stage] from the recorded logits still does.
+    # False: the logits are a function of the head's product (a scale, a softcap): only loss[stage] applies.
     logits_from_head: bool = True
 
 
@@ -126,25 +108,19 @@ class Subject(ABC):
     defaults: dict = {}  # axis defaults that differ from parity.axes
     clean_state: dict = {}  # what reset_process_state must report before every case
     framework: str = ""  # the framework under test (parity.subjects.FRAMEWORKS), for --framework and its table
-    # The row of the frameworks table (docs/subjects.md; parity.matrix.frameworks.FEATURES_IN_ORDER) this subject's
-    # cases count in; None: no head feature of the table (a loss alone, an error path, head selection, a checkpoint
-    # path). Every subject of the package declares it on its own class (tests/matrix/test_frameworks.py), so a new
-    # head subject cannot drop out of the table by inheriting another's value.
+    # The frameworks table's row this subject's cases count in (None: no head feature); declared on every
+    # subject's own class (docs/subjects.md#the-subject-interface).
     feature: str | None = None
-    # Capabilities (parity.observe.capabilities) every case of this subject needs, whatever its values; requires()
-    # adds those a case's values call for.
+    # Capabilities every case needs whatever its values; requires() adds those its values call for.
     capabilities: tuple = ()
-    # Its mutation family (parity.mutation.catalog) is its name: a mutant names the subjects whose code it breaks.
-    # Modules the parent's reference imports on first use (seconds), which a job process imports
-    # before its first batch (parity.harness.job_body.warm_up).
+    # Its mutation family (parity.mutation.catalog) is its name. reference_imports: modules the parent's
+    # reference imports on first use, imported by a job before its first batch (job_body.warm_up).
     reference_imports: tuple = ()
-    # True: every rank records what the framework decided there (facts["rank_decisions"]: TP rank,
-    # TP / DP group members, DP size, a vocab-parallel head's range), checked against the suite's
-    # formulas and across ranks; a rank that records none fails.
+    # True: every rank records what the framework decided there (facts["rank_decisions"]), checked against the
+    # suite's formulas and across ranks (docs/checks.md#what-a-case-checks).
     records_rank_decisions: bool = False
-    # Non-empty: the framework refuses a vocabulary tp does not divide, by design, and this says where the
-    # case files document that refusal; `parity explore` then draws no such point (it would only find
-    # the refusal again).
+    # Non-empty: where the case files document the framework's refusal of a vocabulary tp does not divide;
+    # `parity explore` then draws no such point.
     refuses_uneven_vocab: str = ""
 
     def world_size(self, values: dict) -> int:
@@ -195,10 +171,8 @@ class Subject(ABC):
                                compute_dtype, autocast=None if autocast == "off" else DTYPES[autocast])
 
     def reference_key(self, values: dict):
-        """What reference(values) depends on, hashable: cases with equal keys share one computed
-        reference (parity.checks.compare.reference_pair). None: never shared. A subject that
-        overrides reference() gets None unless it says what its reference depends on, so a new
-        reference can never be handed another case's numbers by accident."""
+        """What reference(values) depends on, hashable: cases with equal keys share one reference. None (never
+        shared) for a subject that overrides reference() without saying what it depends on."""
         if type(self).reference is not Subject.reference:
             return None
         autocast = values.optional("autocast", "off")
@@ -221,16 +195,13 @@ class Subject(ABC):
         """Runs inside rank process ``ctx.rank``; returns parity.observe.observations.RankObservations."""
 
     def records_state_after_rejection(self, values: dict) -> bool:
-        """True: when this case's expected error is raised, every rank attaches the state of what the
-        user holds before and after the refused call (parity.observe.model_state) to the exception as
-        ``parity_facts = {"state_before": ..., "state_after": ...}``; the case fails unless the two are
-        equal (a model half-converted by a refused setup is a finding), or when a rank attached none."""
+        """True: with the expected error every rank attaches ``parity_facts = {"state_before": ..., "state_after":
+        ...}`` (parity.observe.model_state); the case fails unless they are equal or where a rank attached none."""
         return False
 
     def records_master_weights(self, values: dict) -> bool:
-        """Whether this case's ranks record ("master_weight", step, None, name) after each update: the
-        optimizer's float32 copy of each parameter (parity/checks/master_weights.py holds them to the
-        reference's)."""
+        """Whether this case's ranks record ("master_weight", step, None, name), the optimizer's float32 copy of
+        each parameter, after each update (parity/checks/master_weights.py)."""
         return False
 
     def reset_process_state(self, ctx: RankContext) -> dict:
@@ -239,8 +210,7 @@ class Subject(ABC):
 
 
 class NoModel:
-    """Mixin first in the bases of a subject that trains no model (a loss or a call on seeded tensors, no hidden
-    axis): it has no model_spec, and nothing reads one; Subject.model_spec would ask for axes it does not declare."""
+    """Mixin first in the bases of a subject that trains no model: Subject.model_spec would read undeclared axes."""
 
     def model_spec(self, values):
         raise NotImplementedError(f"subject {self.name!r} builds no model: it has no model_spec")

@@ -69,10 +69,8 @@ def setup_deepspeed(ctx: RankContext) -> None:
 
 
 def install_tp_groups(ctx: RankContext, tp: int, dist_debug: str = "off") -> None:
-    """Install DeepSpeed's (dp, tp) module-global groups for this case: one set per TP size (and debug
-    mode), built once per process and reused. dist_debug "detail" builds them under
-    TORCH_DISTRIBUTED_DEBUG=DETAIL, set for the build only. Why: docs/subjects.md#group-setup-under-detail-debugging
-    """
+    """Install DeepSpeed's (dp, tp) module-global groups for this case, built once per process per TP size and
+    debug mode (docs/subjects.md#group-setup-under-detail-debugging)."""
     from deepspeed.utils import groups
 
     cache = ctx.state["deepspeed"]["tp_groups"]
@@ -164,10 +162,8 @@ CLEAN_STATE = {"autotp_training_mode": False, "tp_overlap_comm": False, "keep_mo
 
 
 def rank_decisions(engine, head) -> dict:
-    """What DeepSpeed decided on THIS rank, read from DeepSpeed itself (issue 13 item 3): its TP rank
-    and size, the members of its TP and data-parallel groups, the engine's data-parallel size, and a
-    vocabulary-parallel head's own [vocab_start, vocab_end). The parent checks each rank's against the
-    suite's formulas (parity.observe.partition) and the ranks against each other."""
+    """What DeepSpeed decided on THIS rank, read from DeepSpeed itself
+    (docs/subjects.md#an-engine-heads-rank-decisions says what each key is and why)."""
     import torch.distributed as dist
     from deepspeed.utils import groups
 
@@ -177,51 +173,36 @@ def rank_decisions(engine, head) -> dict:
              "tp_group": sorted(dist.get_process_group_ranks(tp_group)),
              "dp_group": sorted(dist.get_process_group_ranks(dp_group)),
              "engine_dp_world": int(engine.dp_world_size),
-             # Which of DeepSpeed's optimizer wrappers the config selected (BF16_Optimizer, ZeRO's, ...).
              "optimizer": type(engine.optimizer).__name__,
-             # The process-global switch as the head's forward will read it (None: not an AutoTP layer).
              "tp_overlap_comm": getattr(type(head), "tp_overlap_comm", None),
              "keep_module_on_host": getattr(type(head), "keep_module_on_host", None),
-             # Where the head's weight lives once the engine is built: where its forward computes.
              "head_device": head.weight.device.type if isinstance(getattr(head, "weight", None), torch.Tensor) else None,
-             # What the bf16 switches became in the optimizer DeepSpeed built (None: that wrapper has no such switch).
              "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
              "grad_acc_hooks": bool(getattr(engine.optimizer, "_grad_acc_hooks", None)),
              "check_grad_overflow": getattr(engine.optimizer, "check_grad_overflow", None),
              "master_dtype": str(getattr(engine.optimizer, "master_weights_and_grads_dtype", None)),
-             # The autocast dtype the engine runs forward under (None: off): proof the config reached it.
              "torch_autocast": str(engine.torch_autocast_dtype()) if engine.torch_autocast_enabled() else None,
-             # The dtype torch_autocast marked the head's weight to be reduced in (its comm_dtype; None: unmarked, the
-             # weight's own dtype): what lower_precision_safe_modules reached, read after AutoTP replaced the head.
              "head_comm_dtype": str(getattr(getattr(head, "weight", None), "comm_dtype", None)),
-             # The dtypes ZeRO's gradient reduction buckets hold (stage_1_and_2.py / stage3.py ipg_buckets: one per
-             # reduction dtype); None where the optimizer has none (ZeRO 0, BF16_Optimizer).
              "zero_reduce_dtypes": (sorted(str(d) for d in engine.optimizer.ipg_buckets)
                                     if hasattr(engine.optimizer, "ipg_buckets") else None),
-             # The dtype ZeRO 0's DP all-reduce casts gradients to (engine.allreduce_bucket), which no bucket shows:
-             # a reduction more precise than asked would stay inside a bf16 bound.
              "communication_data_type": str(engine.communication_data_type),
-             # The clipping norm the engine applies, the config's or DeepSpeed's default.
              "gradient_clipping": float(engine.gradient_clipping())}
     if hasattr(head, "vocab_start_index"):
         found["head_vocab_range"] = [int(head.vocab_start_index), int(head.vocab_end_index)]
-    # The kv-head count AutoTP read off the model's config (tp_shard.AutoTPMeta): proof the config reached it.
     found["kv_heads"] = getattr(getattr(head, "tp_meta", None), "num_kv_heads", None)
     return found
 
 
 def merged_tp_model_init(values: dict, config: dict) -> dict:
-    """model_init = tp_model_init: the autotp_size the config reached the engine with, put back by DeepSpeed's
-    merge of tp_model_init's record (merge_tp_model_init_into_config fills the config in place)."""
+    """model_init = tp_model_init: the autotp_size DeepSpeed's merge of tp_model_init's record put in the config."""
     if values.optional("model_init", "plain") != "tp_model_init":
         return {}
     return {"merged_autotp_size": config["tensor_parallel"].get("autotp_size")}
 
 
 def reports_grad_norm(values: dict) -> bool:
-    """DeepSpeed keeps the clipping norm in its optimizer wrappers (fp16/bf16, ZeRO >= 1); a plain
-    torch optimizer under ZeRO 0 in fp32 is clipped by clip_fp32_gradients, which returns nothing
-    the engine keeps. There the effect of clipping is checked through the weights alone."""
+    """Whether the engine keeps the clipping norm: not for a plain optimizer under ZeRO 0 in fp32
+    (docs/subjects.md#an-engine-heads-rank-decisions)."""
     return values.optional("clip", 0.0) > 0 and not (values["zero"] == 0 and values["dtype"] == "fp32")
 
 
@@ -236,9 +217,8 @@ def record_weights(obs: RankObservations, step: int, params: dict, zero_stage: i
 
 
 def record_master_weights(obs: RankObservations, step: int, engine, params: dict, zero_stage: int) -> None:
-    """The float32 master copy of each (TP-local) parameter after the update. ZeRO 1-3 hand it out
-    through deepspeed.utils.safe_get_full_fp32_param; ZeRO 0's FP16_UnfusedOptimizer is not reached by
-    that function (it returns None there), so its fp16_groups/fp32_groups pairs are read directly."""
+    """The float32 master copy of each (TP-local) parameter after the update: safe_get_full_fp32_param, or
+    ZeRO 0's fp16_groups/fp32_groups pairs, which that function does not reach."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     if zero_stage == 0:
@@ -255,13 +235,8 @@ def record_master_weights(obs: RankObservations, step: int, engine, params: dict
 
 
 def saved_state_dict(engine, how: str) -> dict | None:
-    """What a user who saves the trained model gets, on global rank 0 (the rank that writes it): every
-    key of the file (or of the consolidated state dict) -> (float64 array, dtype name); None on the other
-    ranks. Every rank takes part, as both calls require.
-
-    16bit: engine.save_16bit_model(dir), the file read back with torch.load, as a user loads it into the
-    unsharded model. consolidated: engine._consolidated_16bit_state_dict(), the TP-aware gather that
-    accelerate's get_state_dict calls for an AutoTP engine (what the HF Trainer saves)."""
+    """What a user who saves the trained model gets on global rank 0: key -> (float64 array, dtype name); None
+    on the other ranks, which take part (docs/subjects.md#an-engine-heads-rank-decisions, save)."""
     import os
     import shutil
     import tempfile
@@ -287,9 +262,7 @@ def saved_state_dict(engine, how: str) -> dict | None:
 
 
 def exclude_engine_reduction(engine) -> None:
-    """Keep the engine's own collectives out of the counts: its gradient reduction depends on ZeRO
-    and DP, not on the head. ZeRO 0 reduces in engine.allreduce_gradients after backward; ZeRO 1-3 reduce
-    on the data-parallel group inside backward hooks."""
+    """Keep the engine's own collectives (its ZeRO / DP gradient reduction, not the head's) out of the counts."""
     from deepspeed.utils import groups
 
     original = engine.allreduce_gradients
@@ -299,8 +272,7 @@ def exclude_engine_reduction(engine) -> None:
             return original(*args, **kwargs)
 
     engine.allreduce_gradients = allreduce_gradients
-    # AutoTP's one-time forward pre-hook that checks the batch is the same on every TP rank
-    # (a broadcast_object_list and an all_reduce on the first forward): the engine's, not the head's.
+    # AutoTP's one-time pre-hook that checks the batch is the same on every TP rank: the engine's, not the head's.
     handle = getattr(engine, "first_dataloader_check", None)
     hooks = engine.module._forward_pre_hooks
     if handle is not None and handle.id in hooks:
@@ -381,9 +353,8 @@ class _TritonClaimingAccelerator:
 
 @contextlib.contextmanager
 def claimed_triton(active: bool):
-    """A harness shortcut, for CPU ranks only: the CE module's view of the accelerator claims Triton, so
-    DeepSpeed's Liger gate (_liger_can_run) is reached; the rest of DeepSpeed still sees the CPU.
-    Why: docs/subjects.md#liger-in-tritons-interpreter-on-cpu"""
+    """A harness shortcut for CPU ranks: the CE module's view of the accelerator claims Triton, so DeepSpeed's
+    Liger gate is reached (docs/subjects.md#liger-in-tritons-interpreter-on-cpu)."""
     if not active:
         yield
         return
@@ -404,17 +375,14 @@ def skip_proj_specs(*specs, **options) -> dict:
 
 
 def use_default_specs(values: dict) -> dict:
-    """partition_config's use_default_specs as the case's axis sets it: false (every engine case's own
-    setting), left out (DeepSpeed's default, true) or true. Without a preset_model there are no built-in
-    specs to merge (runtime/tensor_parallel/config.py get_partition_config_object), so none may change
-    the model: the claims are the same for all three."""
+    """partition_config's use_default_specs as the axis sets it: false, left out (DeepSpeed's default, true) or
+    true; without a preset_model none may change the model, so the claims are the same for all three."""
     return {"false": {"use_default_specs": False}, "unset": {},
             "true": {"use_default_specs": True}}[values.optional("use_default_specs", "false")]
 
 
 # The bf16 section's switch axes: axis -> (its value away from DeepSpeed's default, the bf16 config keys it sets,
-# what DeepSpeed must then decide on every rank). bf16_optimizer_states requires the masters in bf16; the masters
-# alone need ZeRO-Offload + DeepSpeedCPUAdam.
+# what DeepSpeed must then decide on every rank; docs/subjects.md#an-engine-heads-rank-decisions).
 BF16_SWITCH_AXES = {
     "immediate_grad": (True, {"immediate_grad_update": True}, {"immediate_grad_update": True, "grad_acc_hooks": True}),
     "overflow_check": (False, {"check_grad_overflow": False}, {"check_grad_overflow": False}),
@@ -436,14 +404,12 @@ def clip_left_out(values: dict) -> bool:
 
 
 def switch_decisions(values: dict) -> dict:
-    """What the overlap and bf16 switch axes must make DeepSpeed decide on every rank, read back from DeepSpeed
-    (rank_decisions): a switch that is parsed but never reaches the layer or the optimizer would otherwise pass
-    as parity having changed nothing. Only where the subject has the axis, so other engine cases check no more."""
+    """What the overlap and bf16 switch axes must make DeepSpeed decide on every rank (a switch parsed but never
+    applied would pass as parity); only where the subject has the axis."""
     found = {}
     if "overlap" in values:
         overlap = values["overlap"]
-        # The class attribute the head's forward reads, and the autograd function that then ran: the async one
-        # replaces ColumnParallel's identity-forward / all-reduce-backward pair.
+        # The class attribute the head's forward reads, and the autograd function that then ran.
         found["tp_overlap_comm"] = overlap
         found["column_function"] = "AsyncColumnParallel" if overlap else "ColumnParallel"
     found.update(bf16_switches(values, 2))
@@ -455,8 +421,7 @@ def switch_decisions(values: dict) -> dict:
 
 
 def column_function(logits) -> str | None:
-    """Which of AutoTP's column autograd functions the head's forward ran, found anywhere in the logits' graph (the
-    whole tiny model's: proj and the embedding add none; ZeRO 3's linear wrapper puts the head deeper)."""
+    """Which of AutoTP's column autograd functions the head's forward ran, anywhere in the logits' graph."""
     # Nodes stay referenced (kept) while the walk runs, so no dropped node's id() is reused and looks visited
     # (docs/subjects.md#which-column-function-ran).
     seen, frontier, visited, kept = set(), [logits.grad_fn], set(), []
@@ -529,10 +494,8 @@ class EngineHead(DeepSpeedSubject):
         return cfg
 
     def lower_precision_safe_modules(self, values: dict) -> dict:
-        """autocast_modules = head: the list a user writes to have the head's gradient reduced in the autocast dtype
-        too: nn.Linear (DeepSpeed's default, kept for proj) and the class AutoTP makes of the head (by its full
-        name, as the option takes it), which is the class this subject claims for it. base: AutoTP's base class of
-        that kind instead, the one a user names for "every column (row) layer"; the head is an instance of it."""
+        """autocast_modules head / base: nn.Linear and the head's AutoTP class (or its base class), as a user lists
+        them to reduce the head's gradient in the autocast dtype (docs/subjects.md#torch_autocasts-comm_dtype-marks)."""
         choice = values.optional("autocast_modules", "default")
         if choice == "default":
             return {}
@@ -631,9 +594,8 @@ class EngineHead(DeepSpeedSubject):
         return model
 
     def user_model(self, values: dict, ctx: RankContext, config: dict) -> torch.nn.Module:
-        """The model as the user hands it to deepspeed.initialize (model_init). tp_model_init takes autotp_size out
-        of ``config`` (in place), as a user who states it once would, and the whole section where nothing else in it
-        differs from DeepSpeed's defaults (the HF tp_plan subjects)."""
+        """The model as the user hands it to deepspeed.initialize (model_init); tp_model_init takes autotp_size
+        (and a section left at DeepSpeed's defaults) out of ``config`` in place, as a user who states it once."""
         import deepspeed
 
         how, dtype = values.optional("model_init", "plain"), DTYPES[values["dtype"]]
@@ -649,10 +611,8 @@ class EngineHead(DeepSpeedSubject):
         return model
 
     def zero_init_model(self, values: dict, config: dict, dtype: torch.dtype, explicit_dtype: bool):
-        """A big model's path under ZeRO 3: built under deepspeed.zero.Init (each rank holds a partition of every
-        weight), then the pretrained weights (the reference's) loaded under GatheredParameters(modifier_rank=0)
-        on global rank 0 and broadcast, as transformers' from_pretrained does under ZeRO 3. zero.Init's own
-        initialisation is left unseeded: the initial-weight check passes only if the load reached every rank."""
+        """A big model's path under ZeRO 3, as transformers' from_pretrained takes it: built under zero.Init, the
+        reference's weights loaded on rank 0 and broadcast (docs/subjects.md#an-engine-heads-rank-decisions)."""
         import deepspeed
         import torch.distributed as dist
 
@@ -685,11 +645,8 @@ class EngineHead(DeepSpeedSubject):
         """Facts about the model worth recording before DeepSpeed rewrites it."""
         return {}
 
-    # process = after_*: what the engine a user ran earlier in the same process (a notebook, a sweep, a
-    # trainer's second model) differed in, built and destroyed in this rank before the case's own model.
-    # What it leaves behind stays for the case (the harness's reset runs before the case, not between).
-    # after_zero3: the same model under ZeRO 3. after_autocast: the same model in fp32 under a torch_autocast
-    # (bf16) engine, whose init_autocast_params leaves module globals.
+    # process = after_*: an engine a user ran earlier in the same process, built and destroyed before the case's
+    # own model; what it leaves stays (docs/subjects.md#an-engine-heads-rank-decisions).
     EARLIER_ENGINE = {"after_zero3": {"zero": 3},
                       "after_autocast": {"dtype": "fp32", "autocast": "bf16", "dp_reduce": "average"}}
 
@@ -754,12 +711,8 @@ class EngineHead(DeepSpeedSubject):
 
 
 class EngineUpdate:
-    """The driver's update through a DeepSpeed engine, as the HF Trainer drives it: its own loss scaling
-    (references/trajectory.py trainer_objective) with the engine's 1/GAS off, step() after every
-    micro-batch (the engine updates on the accumulation boundary), the step gradient read between the
-    boundary's backward and step(). fp16 and autocast-fp16 gradients hold the loss scale, divided back out
-    of the records (a power of two: exact); each step's scale and skip go to rank_decisions. records False: the
-    weights after each step alone (a universal-checkpoint run; parity/checks/resume.py holds its resumed state)."""
+    """The driver's update through a DeepSpeed engine, as the HF Trainer drives it; fp16 gradients are recorded
+    with the loss scale divided out; records False: weights only (docs/subjects.md#an-engine-heads-rank-decisions)."""
 
     def __init__(self, engine, params: dict, values: dict, masters: bool, records: bool = True):
         self.engine, self.weights, self.masters, self.records = engine, params, masters, records
@@ -802,9 +755,8 @@ class EngineUpdate:
             if loss_scaling.step_overflowed(engine):
                 self.skipped.append(step)
         elif self.amp_scaler is not None:
-            # GradScaler keeps no skip flag past update(); it backs off (halves) on exactly the steps whose step()
-            # it skipped for an inf or nan, and grows only every 2000 clean steps. ZeRO's optimizer may skip a step
-            # before its GradScaler sees it (its own overflow flag).
+            # GradScaler keeps no skip flag: it halves on exactly the skipped steps; ZeRO may skip before it sees one
+            # (docs/subjects.md#fp16-dynamic-loss-scaling).
             self.scales.append(self.scale)
             if float(self.amp_scaler.get_scale()) < self.scale or loss_scaling.step_overflowed(engine):
                 self.skipped.append(step)
@@ -855,11 +807,8 @@ class VocabParallelHead(EngineHead):
     feature = "vocab-parallel head + CE"
     description = ("PR-B: vocab_parallel_lm_head=true; VocabParallelLinear keeps rank-local logits and the "
                    "engine installs DeepSpeed's VocabParallelCausalLMLoss as model.loss_function.")
-    # VocabParallelCausalLMLoss reduces to mean, or to sum / num_items_in_batch when given one:
-    # 'none' is not reachable through the model hook (the direct CE subject covers it).
-    # head: also "output", a head only because its name is passed as lm_head_patterns; model_config: what AutoTP
-    # reads the head counts from (tp_shard.AutoTPMeta).
-    # head: named, not the whole axis (heuristic_blocks' layers.1.lm_head is no head of this model).
+    # reduction: what VocabParallelCausalLMLoss reaches; head: the named ones and "output" (lm_head_patterns);
+    # model_config: the head counts AutoTP reads (docs/subjects.md#an-engine-heads-rank-decisions).
     axes = {"backend": None, **COMMON_AXES, "reduction": ("mean", "num_items"), "head": (*NAMED_HEADS, "output"),
             "ignore_index": ENGINE_IGNORE_INDEX, "triton": None, "dist_debug": None, "save": None, **SWITCH_AXES,
             "model_config": None, "model_init": None, "labels": None, **AUTOCAST_MODULES_AXES}
@@ -887,11 +836,8 @@ class VocabParallelHead(EngineHead):
 
 
 def expected_ce_backend(values: dict) -> str:
-    """Which CE must run, by DeepSpeed's documented gate (cross_entropy.py, _liger_can_run), computed
-    from the suite's own partition: Liger only on a Triton-capable accelerator with equal shards;
-    anything else falls back to torch on every rank alike. Not from AutoTP's kv-head split: where that
-    makes a head's shards uneven that the near-even layout keeps equal, the torch fallback is part of a
-    known divergence (cases/deepspeed_heads.toml, model_config), not what the user asked for."""
+    """Which CE must run by DeepSpeed's documented gate (_liger_can_run), from the suite's own partition: Liger
+    only on a Triton-capable accelerator with equal shards (docs/subjects.md#deepspeeds-liger-backend)."""
     triton = values["device"] == "cuda" or values.optional("triton", None) == "claimed"
     if values["backend"] != "liger" or not triton:
         return "torch"

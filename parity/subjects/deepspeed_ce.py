@@ -1,10 +1,5 @@
-"""DeepSpeed 0.19.8's vocabulary-parallel losses, called directly on vocabulary shards.
-
-``ds_vocab_ce`` (vocab_parallel_cross_entropy, explicit shard bounds), its module wrapper, the log-probs
-op, the Liger backend and ``ds_fused_linear_ce`` (vocab_parallel_linear_cross_entropy against an unfused
-linear + CE), each on a plain torch TP group; none touches process-global DeepSpeed state.
-Details: docs/subjects.md#deepspeeds-vocabulary-parallel-losses
-"""
+"""DeepSpeed 0.19.8's vocabulary-parallel losses, called directly on vocabulary shards over a plain torch TP
+group; none touches process-global DeepSpeed state (docs/subjects.md#deepspeeds-vocabulary-parallel-losses)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,10 +25,8 @@ FUSED_TOKENS = 40
 
 
 def global_vocab_size(values: dict) -> int | None:
-    """The global_vocab_size a case passes to vocab_parallel_cross_entropy (its ``global_vocab`` axis): None
-    (not passed: DeepSpeed validates the shard layout collectively), the vocabulary, or one off either way.
-    DeepSpeed trusts a passed value (it skips the validation): it feeds the target range check and the Liger
-    gate's equal-shard test (sequence/cross_entropy.py:236-258)."""
+    """The global_vocab_size a case passes (its ``global_vocab`` axis): None (not passed), the vocabulary, or one
+    off either way, which DeepSpeed trusts (docs/subjects.md#deepspeeds-vocabulary-parallel-losses)."""
     vocab = values["vocab"]
     return {"unset": None, "exact": vocab, "under": vocab - 1, "over": vocab + 1}[values["global_vocab"]]
 
@@ -59,11 +52,8 @@ def backend_recorded(obs, call, *args, triton: bool = False, **kwargs):
 
 
 class DeepSpeedVocabParallelCE(LogitsCE):
-    """With ``sp`` > 1 (TP x SP: each rank holds its vocabulary shard of its sequence chunk) the call gets the
-    SP group and ``gather_sequence_loss`` (the ``seq_gather`` axis). What a user must get is the loss over the
-    whole sequence's tokens: sum / mean over every chunk's non-ignored targets on every rank (not a chunk's own,
-    nor a mean of chunk means), per-token losses of the rank's chunk, or with ``seq_gather`` the whole sequence's;
-    and, backpropagating that on every rank, the gradient of its logits block."""
+    """vocab_parallel_cross_entropy; with ``sp`` > 1 the call gets the SP group and ``gather_sequence_loss``, and
+    must give the loss over the whole sequence's tokens (docs/subjects.md#tp-x-sp)."""
 
     name = "ds_vocab_ce"
     feature = None
@@ -86,9 +76,8 @@ class DeepSpeedVocabParallelCE(LogitsCE):
 
 
 class DeepSpeedVocabSequenceParallelCE(LogitsCE):
-    """deepspeed.sequence.cross_entropy.vocab_sequence_parallel_cross_entropy, the sequence-parallel wrapper
-    ("preserving the legacy local-slice gradient"), on TP x SP blocks; held to what ds_vocab_ce's SP cases are.
-    Its own defaults (reduction "none", gather_sequence_loss True) are the cases' defaults."""
+    """vocab_sequence_parallel_cross_entropy, the sequence-parallel wrapper, on TP x SP blocks, held as ds_vocab_ce's
+    SP cases are; its own defaults are the cases' (docs/subjects.md#tp-x-sp)."""
 
     name = "ds_vocab_seq_ce"
     feature = None
@@ -109,10 +98,8 @@ class DeepSpeedVocabSequenceParallelCE(LogitsCE):
 
 
 class DeepSpeedVocabParallelCEModule(LogitsCE):
-    """deepspeed.sequence.cross_entropy.VocabParallelCrossEntropyLoss, the module wrapper of
-    vocab_parallel_cross_entropy: built with every argument set (tp_group, sp_group=None, the shard bounds,
-    ignore_index, reduction, gather_sequence_loss=False, backend) and called as ``module(logits, target)``.
-    Why each argument: docs/subjects.md#the-module-wrappers-arguments"""
+    """VocabParallelCrossEntropyLoss, the module wrapper, built with every argument set and called as
+    ``module(logits, target)`` (docs/subjects.md#the-module-wrappers-arguments)."""
 
     name = "ds_vocab_ce_module"
     feature = None
@@ -123,8 +110,7 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
     defaults = {"reduction": "none"}
 
     def _liger(self, values) -> bool:
-        """Whether DeepSpeed's gate must pick Liger here (a Triton device, or Triton claimed on CPU, and equal
-        shards); elsewhere backend "liger" falls back to the torch CE on every rank, which needs nothing."""
+        """Whether DeepSpeed's gate must pick Liger here; elsewhere "liger" falls back to torch, needing nothing."""
         return expected_ce_backend(values) == "liger"
 
     def requires(self, values):
@@ -152,12 +138,8 @@ class DeepSpeedVocabParallelCEModule(LogitsCE):
 
 
 class DeepSpeedVocabParallelLogProbs(LogitsCE):
-    """deepspeed.sequence.vocab_parallel_ops.vocab_parallel_logprobs: the log-probability of each target
-    under vocabulary-sharded logits (the RL losses' op), 0 at ignored targets. Its negative is the
-    per-token cross entropy, so it is held to the same reference (a user's
-    log_softmax(full logits).gather(target), which the suite computes as -CE). With ``topk`` k the index is
-    [tokens, k] (the op's other documented form, a teacher's top-k ids), held to minus
-    log_softmax(full logits).gather(-1, index)."""
+    """vocab_parallel_logprobs: each target's log-probability under vocabulary-sharded logits, held to -CE; with
+    ``topk`` k a [tokens, k] index (docs/subjects.md#deepspeeds-vocabulary-parallel-losses)."""
 
     name = "ds_vocab_logprobs"
     feature = None
@@ -198,10 +180,8 @@ class DeepSpeedVocabParallelEntropy(LogitsCE):
 
 
 class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
-    """DeepSpeed's Liger backend of vocab_parallel_cross_entropy: Liger's kernel behind DeepSpeed's
-    backward guard (one first-order backward per forward, else RuntimeError). CUDA (or ``triton =
-    "claimed"``): the public function behind DeepSpeed's gate; CPU: _liger_vocab_cross_entropy directly, in
-    Triton's interpreter. Which backend must run, and why: docs/subjects.md#deepspeeds-liger-backend"""
+    """DeepSpeed's Liger backend of vocab_parallel_cross_entropy: Liger's kernel behind DeepSpeed's one-backward
+    guard, through the gate or called directly (docs/subjects.md#deepspeeds-liger-backend)."""
 
     name = "ds_liger_ce"
     feature = None
@@ -242,8 +222,7 @@ class DeepSpeedLigerGuardedCE(LigerShards, LogitsCE):
 
 
 class DeepSpeedLigerWithoutGroup(LogitsCE):
-    """backend="liger" with tp_group=None, as a data-parallel job calls it: every rank holds the
-    whole vocabulary, and the torch CE must run on every rank, over the full vocabulary
+    """backend="liger" with tp_group=None, as a data-parallel job calls it: the torch CE must run on every rank
     (docs/subjects.md#deepspeeds-liger-backend)."""
 
     name = "ds_liger_no_group"

@@ -1,8 +1,5 @@
-"""DeepSpeed 0.19.8 AutoTP output heads built directly (no engine), so that a failure can be
-localised to the layer or to the engine around it: the tiny LM's head wrapped in LinearLayer (gathered),
-VocabParallelLinear + VocabParallelCausalLMLoss, or LinearAllreduceWithReplicatedInput, trained by the
-driver with plain SGD and recorded as the engine subjects are. Details: docs/subjects.md#direct-heads
-"""
+"""DeepSpeed 0.19.8 AutoTP output heads built directly (no engine), so that a failure can be localised to the
+layer or to the engine around it (docs/subjects.md#direct-heads)."""
 from __future__ import annotations
 
 from parity.observe.observations import RankObservations

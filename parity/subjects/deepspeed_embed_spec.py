@@ -1,8 +1,5 @@
-"""DeepSpeed 0.19.8 AutoTP with an explicit partition_config spec on an UNTIED input embedding.
-
-The user's specs: one for ``embed_tokens.weight``, a row spec for ``proj`` (or a skip spec when
-``embedding_dim`` is 0), the head column-gathered. What AutoTP's rebuild must keep: docs/subjects.md#untied-embedding-spec
-"""
+"""DeepSpeed 0.19.8 AutoTP with an explicit partition_config spec on an UNTIED input embedding
+(docs/subjects.md#untied-embedding-spec)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8 untied VocabParallelEmbedding, built directly (no engine).
-
-The rank wraps nn.Embedding (or Gemma3TextScaledWordEmbedding) in VocabParallelEmbedding and trains the
-table alone on references/embedding_lookup.py's task with its own SGD (fp32) or float32 master (bf16),
-recording the lookup, loss, shard gradient and weights. Details: docs/subjects.md#untied-vocab-parallel-embedding
-"""
+"""DeepSpeed 0.19.8 untied VocabParallelEmbedding, built directly (no engine) and trained alone on
+references/embedding_lookup.py's task (docs/subjects.md#untied-vocab-parallel-embedding)."""
 from __future__ import annotations
 
 import copy

@@ -1,10 +1,5 @@
-"""DeepSpeed 0.19.8's legacy inference output head, ``LmHeadLinearAllreduce``, logits only.
-
-Reached through ``deepspeed.init_inference(model, tensor_parallel={"tp_size": tp},
-replace_with_kernel_inject=False, injection_policy=...)``; the rank records the logits, which all-reduce
-ran (torch's or the shm op) and the forward's collectives. Why an injection_policy, the shm op, the nested
-head, the grain default and ``prior_tp``: docs/subjects.md#inference-head
-"""
+"""DeepSpeed 0.19.8's legacy inference output head, ``LmHeadLinearAllreduce``, through init_inference: the logits,
+which all-reduce ran and the forward's collectives (docs/subjects.md#inference-head)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,9 +51,8 @@ def prebuild_shm_op() -> None:
 
 
 def shm_op(ctx: RankContext):
-    """DeepSpeed's shm op in this rank process, set up once as deepspeed.init_distributed sets it up under
-    DeepSpeed's launcher: (op, vector kernel level). Its initialize() runs once per process (a static flag),
-    reading LOCAL_SIZE then; the launcher exports it for the whole run, the rank only for that call."""
+    """(op, vector kernel level): DeepSpeed's shm op, set up once per rank process as init_distributed does under
+    DeepSpeed's launcher (docs/subjects.md#inference-head)."""
     state = ctx.state["deepspeed"]
     if "shm_op" not in state:
         op = state["build_shm_op"]()
@@ -215,8 +209,7 @@ class InferenceHead(DeepSpeedSubject):
             return result
 
         batch = train.batches(0, 0, spec.vocab, spec.ignore_index)[0]  # one input for every rank (prior_tp)
-        # Counted, not asserted: a head init_inference left replicated (a nested model.lm_head)
-        # reduces nothing, and must show as a failed check beside logits that agree, not as a crash.
+        # Counted, not asserted: a replicated (nested) head must fail a check beside agreeing logits, not crash.
         # An instance attribute for the forward; the class method shows again after it.
         with (mock.patch.object(backend, "inference_all_reduce", counted), torch.no_grad(),
               collectives.recording() as counts):

@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8's vocab_parallel_kl_div on vocabulary shards (``ds_vocab_kl``).
-
-The op on this rank's block of seeded student and teacher logits, against the per-token KL of the full
-logits (references/kl_div.py); records the KL, each input's gradient that requires grad (``kl_grad``) and
-both inputs afterwards. ``kl_shards`` hands the teacher another layout: docs/subjects.md#vocabulary-parallel-kl
-"""
+"""DeepSpeed 0.19.8's vocab_parallel_kl_div on vocabulary shards (``ds_vocab_kl``), against the per-token KL of
+the full logits (docs/subjects.md#vocabulary-parallel-kl)."""
 from __future__ import annotations
 
 import torch

@@ -1,8 +1,5 @@
-"""How far DeepSpeed 0.19.8's AutoTP reaches for the output head when the user does not name it the way the
-other engine subjects do (issue 13, "reach"): ``spec_reach`` (specs the matcher may not apply),
-``preset_llama`` (preset_model "llama") and ``heuristic_blocks`` (the engine's heuristic path), on
-TinyLlamaModel, with every block projection's shards claimed. What DeepSpeed does on each: docs/subjects.md#the-heads-reach
-"""
+"""How far DeepSpeed 0.19.8's AutoTP reaches for the output head when the user does not name it as the other
+engine subjects do, on TinyLlamaModel with every block projection claimed (docs/subjects.md#the-heads-reach)."""
 from __future__ import annotations
 
 import dataclasses

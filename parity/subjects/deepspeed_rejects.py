@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8's documented error paths for output heads and vocabulary-parallel losses.
-
-One subject, ``ds_reject``, whose ``variant`` axis names the rejection: each variant builds what a user
-would write and calls ``deepspeed.initialize`` (or the CE function); every rank must raise the named
-exception (cases/deepspeed_rejects.toml). More: docs/subjects.md#rejections
-"""
+"""DeepSpeed 0.19.8's documented error paths for output heads and vocabulary-parallel losses: ``ds_reject``'s
+``variant`` axis names the rejection every rank must raise (docs/subjects.md#rejections)."""
 from __future__ import annotations
 
 import dataclasses
@@ -84,14 +80,13 @@ class IgnoringSetterLossLM(ReadOnlyLossLM):
 
 
 class LlamaShapedLM(TinyLlamaModel):
-    """TinyLlamaModel's blocks under a class name without "Model": no partition_config and no tp_plan send the engine to
-    AutoTP's heuristic parser, whose AutoTP.supported looks for a model family in the repr's class names."""
+    """TinyLlamaModel's blocks under a class name without "Model", for AutoTP's heuristic parser
+    (docs/subjects.md#rejections)."""
 
 
 def _hf_gpt2(spec):
-    """transformers' own GPT2LMHeadModel, one block (Conv1D attention and MLP, a Linear lm_head tied to wte). It has no
-    tp_plan, so with no partition_config the engine takes AutoTP's heuristic parser, whose AutoTP.supported finds the
-    family in the repr's "(transformer): GPT2Model(" and refuses it (auto_tp.py:292-302, 349)."""
+    """transformers' own GPT2LMHeadModel, one block: no tp_plan, so AutoTP's heuristic parser refuses its family
+    (docs/subjects.md#rejections)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     # bos/eos inside the small vocabulary: GPT-2's 50256 only draws a config warning
@@ -144,9 +139,8 @@ def _probe_ids(spec, seed: int = SEED) -> torch.Tensor:
 
 
 def _second_head(path: str, tp_plan: bool = False):
-    """A second [V, H] output head at ``path`` beside lm_head, as a model with a multi-token-prediction head has
-    (``mtp_head``, or the nested ``mtp.lm_head`` of an MTP module holding its own lm_head). tp_plan: the model also
-    carries an HF tp_plan for lm_head, so that the engine takes the plan's path."""
+    """A second [V, H] output head at ``path`` beside lm_head (a multi-token-prediction head); tp_plan: with an HF
+    tp_plan for lm_head, so that the engine takes the plan's path."""
     def change(model, spec):
         *parents, leaf = path.split(".")
         owner = model
@@ -408,9 +402,8 @@ class DeepSpeedRejection(DeepSpeedSubject):
             engine.destroy()
 
     def _eager_after_compile(self, engine, model, spec, ctx):
-        """engine.compile() hands the TP layers' collectives to the autotp pass (defer_collectives_to_compiler);
-        a forward that then runs eagerly would drop them, so it must raise. The state is taken after compile():
-        what the refused forward leaves is the question."""
+        """After engine.compile() an eager forward would drop the TP collectives, so it must raise; the state is
+        taken after compile() (docs/subjects.md#rejections)."""
         import torch._dynamo
 
         engine.compile()

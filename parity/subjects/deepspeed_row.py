@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8 row-parallel (hidden-dimension) output head in training (#8538).
-
-A ``partition_type: "row"`` spec on the head makes AutoTP build ``LinearAllreduceWithReplicatedInput``:
-full logits on every rank, the suite's CE on top; the engine loop is EngineHead's.
-How AutoTP builds it: docs/subjects.md#row-parallel-head
-"""
+"""DeepSpeed 0.19.8 row-parallel (hidden-dimension) output head in training: a ``partition_type: "row"`` spec,
+full logits on every rank (docs/subjects.md#row-parallel-head)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8 AutoTP output heads whose weight IS the input embedding's weight (tied).
-
-The model is TinyCausalLM with ``tied=True``; each subject (tied_row_parallel, tied_column_gathered,
-tied_plan_head, tied_vocab_parallel) must keep one Parameter per rank, sharded once. How AutoTP treats
-each tie, and the axes only these subjects declare: docs/subjects.md#tied-heads
-"""
+"""DeepSpeed 0.19.8 AutoTP output heads whose weight IS the input embedding's weight (tied): each must keep one
+Parameter per rank, sharded once (docs/subjects.md#tied-heads)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8's universal checkpoint for an AutoTP-sharded head, the user's path end to end (issue 13).
-
-Train at save_tp with AdamW, save_checkpoint, ds_to_universal, load_universal at the case's tp x dp, train
-on; each rank also hands back facts["checkpointed"] and facts["resumed"] for parity/checks/resume.py.
-Why AdamW and what is held bitwise: docs/subjects.md#universal-checkpoint
-"""
+"""DeepSpeed 0.19.8's universal checkpoint for an AutoTP-sharded head, the user's path end to end: train, save,
+convert, resume at the case's tp x dp, train on (docs/subjects.md#universal-checkpoint)."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +30,8 @@ STATES = {"adamw": ("fp32", "exp_avg", "exp_avg_sq"), "sgd": ("fp32",)}
 
 
 def optimizer_state(engine, params: dict, states: tuple) -> dict:
-    """This rank's TP-local copy of what a checkpoint holds per parameter: the model weight, its float32 master and
-    the optimizer's moments (``states``; ZeRO's partitions gathered over the data-parallel group by DeepSpeed's own
-    safe_get_full_* API)."""
+    """This rank's TP-local copy of what a checkpoint holds per parameter (weight, master, ``states``), through
+    DeepSpeed's own safe_get_full_* API."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     def plain(t):
@@ -52,9 +47,8 @@ def optimizer_state(engine, params: dict, states: tuple) -> dict:
 
 
 def convert_to_universal(checkpoint_dir: str, output_dir: str) -> None:
-    """ds_to_universal as its CLI runs it (python -m deepspeed.checkpoint.ds_to_universal --input_folder ...
-    --output_folder ...), in this process: its argument parser and main. One worker each: its process pools
-    would fork a rank process that holds a gloo group."""
+    """ds_to_universal as its CLI runs it, in this process, with one worker each
+    (docs/subjects.md#universal-checkpoint)."""
     from deepspeed.checkpoint import ds_to_universal
 
     argv = ["ds_to_universal", "--input_folder", checkpoint_dir, "--output_folder", output_dir,
@@ -147,10 +141,8 @@ class UniversalResume:
         return engine
 
     def train_steps(self, engine, values, train, steps, dp_rank, dp_size, obs=None):
-        """Steps of the reference's data. The reference's step is dp x gas micro-batches; a layout with another
-        DP size takes them in contiguous, equal chunks (the same global batch), and its trainer objective is the
-        one for its own DP size and accumulation count (references/trajectory.py trainer_objective). ``obs``: where
-        the losses and the weights after each step go (None: the saving run, which records nothing)."""
+        """Steps of the reference's data, in contiguous equal chunks of its global batch for this layout's DP size;
+        ``obs``: where losses and weights go (None: the saving run) (docs/subjects.md#universal-checkpoint)."""
         spec = self.model_spec(values)
         chunk = values["dp"] * train.micro_batches // dp_size
 

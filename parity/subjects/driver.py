@@ -1,11 +1,6 @@
-"""The one training loop every training subject runs on its ranks.
-
-references/trajectory.py states the semantics once (batches, num_items, the trainer's objective,
-the update); the driver plays them on a rank and records what the checks read, in one order for
-every subject. A subject builds and shards its model and hands the driver a ``Run``: how one
-micro-batch goes forward, and an update rule: ``PlainUpdate`` (autograd into p.grad, then plain SGD,
-as a user of a sharded layer writes it) or DeepSpeed's engine (deepspeed_autotp.EngineUpdate).
-"""
+"""The one training loop every training subject runs on its ranks: it plays references/trajectory.py's
+semantics with the ``Run`` a subject hands it and records what the checks read, in one order for every
+subject (docs/subjects.md#adding-a-subject)."""
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +28,8 @@ LAYER_FACTS = ("gather_output", "vocab_start_index", "vocab_end_index", "tp_worl
 
 
 def record_structure(obs: RankObservations, model, claims, module_type=lambda m: type(m).__name__) -> None:
-    """What the subject built, as its claims name it: each claimed module's class, the partition facts it
-    exposes (facts["structure"]["modules"], checked as structure[...]), and whether each claimed tie is one
-    and the same Parameter."""
+    """What the subject built, as its claims name it: each claimed module's class and partition facts, and
+    whether each claimed tie is one Parameter (docs/subjects.md#structure-checks)."""
     obs.facts["module_types"] = {path: module_type(attribute(model, path)) for path in claims.module_types}
     modules = obs.facts.setdefault("structure", {}).setdefault("modules", {})
     for path in claims.module_types:
@@ -48,8 +42,8 @@ def record_structure(obs: RankObservations, model, claims, module_type=lambda m:
 
 
 def param_structure(p) -> dict:
-    """A parameter as this rank holds it: its local shape (a DTensor's local shard, ZeRO-3's TP-local
-    ds_shape rather than its empty placeholder) and a DTensor's placements."""
+    """A parameter's local shape as this rank holds it, and a DTensor's placements
+    (docs/subjects.md#structure-checks)."""
     placements = getattr(p, "placements", None)
     if placements is not None:
         return {"shape": tuple(p.to_local().shape), "placements": [str(x) for x in placements]}

@@ -1,9 +1,5 @@
-"""DeepSpeed 0.19.8 AutoTP driven by a HuggingFace model's own tp_plan (no partition_config).
-
-A tiny local ``LlamaForCausalLM``; the head's style is set in the instance plan (``model._tp_plan``):
-``hf_plan_column``, ``hf_plan_row``, ``hf_plan_tied``. The reference is the same transformers model trained
-unsharded with the suite's own CE. How the engine reads and converts the plan: docs/subjects.md#hf-tp_plan-heads
-"""
+"""DeepSpeed 0.19.8 AutoTP driven by a tiny local LlamaForCausalLM's own tp_plan (no partition_config), against
+the same model trained unsharded (docs/subjects.md#hf-tp_plan-heads)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,9 +1,5 @@
-"""Liger-Kernel 0.8.5's LigerVocabParallelCEFunction, called directly on vocabulary shards.
-
-On CUDA it runs Liger's Triton kernels; on CPU the rank worker sets TRITON_INTERPRET=1 so the same
-kernels run in Triton's interpreter (small shapes only). Liger assumes equal shards
-(vocab_start = rank * local_vocab): this subject only accepts vocabularies that TP divides.
-"""
+"""Liger-Kernel 0.8.5's LigerVocabParallelCEFunction, called directly on equal vocabulary shards (on CPU in
+Triton's interpreter; docs/subjects.md#liger-kernel)."""
 from __future__ import annotations
 
 from parity.subjects.loss_only import IGNORE_INDEX, TOKENS, LigerShards, LogitsCE

@@ -1,16 +1,5 @@
-"""The ``backward`` axis of the loss-only subjects: how the rank differentiates its loss.
-
-- once: objective.backward(); records the logits gradient.
-- twice: objective.backward(retain_graph=True) twice; autograd accumulates, so the recorded
-  gradient must be exactly 2x the single-backward one (the reference does the same).
-- create_graph: g = autograd.grad(objective, logits, create_graph=True), then
-  autograd.grad(sum(g * v), logits) for the fixed direction v of references/cross_entropy.py
-  (this rank's vocabulary columns of it); records g and that Hessian-vector product.
-
-Whatever the library does is what is recorded: an error raised on the way reaches the parent as a
-rank error (expected in the case file, or a failure); a gradient without a graph, or a wrong one,
-fails the numerical checks.
-"""
+"""The ``backward`` axis of the loss-only subjects: how the rank differentiates its loss (once, twice, or with
+create_graph and a Hessian-vector product); whatever the library does is recorded (docs/checks.md#decisions)."""
 from __future__ import annotations
 
 import torch

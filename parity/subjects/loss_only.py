@@ -1,9 +1,5 @@
-"""What the loss-only subjects share: one forward and backward of a CE on vocabulary shards.
-
-Every such subject takes the same seeded logits and targets (references/cross_entropy.py), slices
-its rank's vocabulary block with the suite's partition formula, and reports the loss, the logits
-gradient (under the backward axis), and the input logits afterwards (which must be untouched).
-"""
+"""What the loss-only subjects share: one forward and backward of a CE on the vocabulary block of seeded
+logits the suite's formula gives each rank (docs/subjects.md#loss-only-subjects)."""
 from __future__ import annotations
 
 from importlib.util import find_spec
@@ -32,8 +28,7 @@ def tp_group(ctx: RankContext, tp: int):
 
 
 def sp_group(ctx: RankContext, tp: int, sp: int):
-    """This rank's sequence-parallel group: the ranks of its TP rank in every TP group (rank // tp is its SP
-    rank, the DP slot of the mesh), one group per TP rank, all made on every rank in the same order."""
+    """This rank's sequence-parallel group: its TP rank's ranks in every TP group (rank // tp is its SP rank)."""
     import torch.distributed as dist
 
     groups = ctx.state.setdefault("plain_sp_groups", {})
@@ -54,9 +49,8 @@ def record_call(obs: RankObservations, counts: dict, **records) -> RankObservati
 
 
 class LogitsCE(NoModel, Subject):
-    """A CE applied to this rank's block of seeded logits; subclasses say which CE (``loss``). A subject
-    without the ignore axis has no ignored target; ``measure`` is what the reference computes from the
-    logits (references.cross_entropy.ce_reference: "ce", or "entropy", which takes no target)."""
+    """A CE applied to this rank's block of seeded logits; subclasses say which (``loss``); ``measure``: what the
+    reference computes ("ce", or "entropy", which takes no target)."""
     framework = "deepspeed"
     measure = "ce"
 

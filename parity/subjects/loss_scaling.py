@@ -1,9 +1,5 @@
-"""fp16 dynamic loss scaling on the engine heads (issue 13, inventory row fp16.loss_scale ... min_loss_scale).
-
-The loss_scale axis names a DeepSpeed fp16 section ("static": a scale of 1); each rank's scales and
-skipped steps are read back and held to DeepSpeed's documented schedule (``documented``) and across ranks,
-the numbers to torch's GradScaler. Why the first dynamic step must overflow (measured): docs/subjects.md#fp16-dynamic-loss-scaling
-"""
+"""fp16 dynamic loss scaling on the engine heads: the loss_scale axis names a DeepSpeed fp16 section, held to
+DeepSpeed's documented schedule and torch's GradScaler (docs/subjects.md#fp16-dynamic-loss-scaling)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +12,8 @@ class DynamicSetting:
     power: int  # initial_scale_power
     window: int  # loss_scale_window
     hysteresis: int
-    # The smallest power of two at which this case's model overflows fp16 on every step (module docstring).
+    # The smallest power of two at which this case's model overflows fp16 on every step
+    # (docs/subjects.md#fp16-dynamic-loss-scaling).
     overflows_from: int = 19
 
 
@@ -28,8 +25,7 @@ LOSS_SCALES = {
     "dyn19_h1_w2": DynamicSetting(power=19, window=2, hysteresis=1),
     # DeepSpeed's default hysteresis (2): the first overflow keeps the scale, the second halves it.
     "dyn19": DynamicSetting(power=19, window=1000, hysteresis=2),
-    # from 2**10, growing after every clean step: never near an overflow (2**14 at most), so nothing is skipped
-    # and every step's numbers are the unscaled gradient's, whatever the scale did.
+    # from 2**10, growing after every clean step: never near an overflow (2**14 at most), so nothing is skipped.
     "dyn10_w1": DynamicSetting(power=10, window=1, hysteresis=1),
 }
 # Where the overflow threshold of overflows_from was measured: a dynamic value elsewhere proves nothing.
@@ -60,8 +56,8 @@ def fp16_section(values: dict) -> dict:
             "loss_scale_window": found.window, "hysteresis": found.hysteresis}
 
 
-# torch_autocast with float16: DeepSpeed builds torch.amp.GradScaler at its defaults (engine.py:672 for ZeRO 0,
-# stage_1_and_2.py:612 and stage3.py:473), and the config has no key to change them; a user's AMP loop does the same.
+# torch_autocast float16: DeepSpeed's GradScaler at its defaults, as a user's AMP loop
+# (docs/subjects.md#fp16-dynamic-loss-scaling).
 AUTOCAST_FP16_SCALING = DynamicScaling(init_scale=2.0 ** 16, growth_interval=2000)
 
 
@@ -83,10 +79,7 @@ def grad_scaler(values: dict) -> DynamicScaling | None:
 
 
 def documented(found: DynamicSetting, steps: int) -> dict:
-    """DeepSpeed's schedule as its documentation states it (DynamicLossScaler's docstring and the fp16 config
-    docs): an overflowing step is skipped; the scale is halved (not below min_loss_scale, 1) once ``hysteresis``
-    overflows have been seen ("delay shift"), the count refilled when the scale grows (consecutive_hysteresis
-    false); after ``loss_scale_window`` consecutive iterations without an overflow the scale is doubled. A step
+    """DeepSpeed's schedule as its documentation states it (docs/subjects.md#fp16-dynamic-loss-scaling); a step
     overflows iff its scale is at least 2**overflows_from."""
     scale, left, clean = 2.0 ** found.power, found.hysteresis, 0
     scales, skipped = [], []

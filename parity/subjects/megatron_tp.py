@@ -1,10 +1,5 @@
-"""Megatron-core 0.16.1 tensor-parallel layers (``megatron.core.tensor_parallel``) on the tiny LM.
-
-Each case initialises (and then destroys) Megatron's model-parallel state over the worker's group, builds
-the layers as a Megatron user does and copies the reference's initial weights into the shards; subjects
-``megatron_column_gathered``, ``megatron_vocab_parallel``, ``megatron_vocab_embedding``, trained by the
-driver. How the loss is applied and why: docs/subjects.md#megatron-core
-"""
+"""Megatron-core 0.16.1 tensor-parallel layers (``megatron.core.tensor_parallel``) on the tiny LM, built as a
+Megatron user does around the reference's weights and trained by the driver (docs/subjects.md#megatron-core)."""
 from __future__ import annotations
 
 import warnings
@@ -45,11 +40,8 @@ def _no_init(weight):
 
 
 def as_model_head(layer, weight_of=None):
-    """Make a ColumnParallelLinear usable where the model calls ``self.head(h)``: Megatron's layer returns
-    (output, bias) and a Megatron model uses the output, so a forward hook hands that on. Hooks rather
-    than a wrapper module keep the parameter names the reference's (lm_head.weight, lm_head.bias).
-    ``weight_of`` (tied) is the module whose weight the head projects with, as GPTModel passes
-    ``weight=self.shared_embedding_or_output_weight()`` to its output layer."""
+    """Make a ColumnParallelLinear usable as ``self.head(h)``: hooks hand on its output and keep the reference's
+    parameter names; ``weight_of`` (tied): the module whose weight it projects with (docs/subjects.md#megatron-core)."""
     layer.register_forward_hook(lambda module, args, out: out[0])
     if weight_of is not None:
         layer.register_forward_pre_hook(lambda module, args, kwargs: (args, {**kwargs, "weight": weight_of.weight}),

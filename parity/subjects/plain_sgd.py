@@ -1,8 +1,5 @@
-"""The plain-SGD update of the subjects that train with no engine (torch_tp.py, megatron_tp.py,
-deepspeed_direct.py), as a user of those layers would write it: torch.optim.SGD in fp32; in bf16/fp16 a
-float32 master per parameter, stepped and cast back, and recorded (``masters``). The reference's update
-(references/sgd.py) is kept apart. Why the masters are recorded: docs/subjects.md#plain-sgd
-"""
+"""The plain-SGD update of the subjects that train with no engine, as a user of those layers writes it: SGD in
+fp32, a recorded float32 master per parameter in bf16/fp16 (docs/subjects.md#plain-sgd)."""
 from __future__ import annotations
 
 import torch

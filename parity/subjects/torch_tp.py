@@ -1,10 +1,5 @@
-"""PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``, DTensor) on the tiny LM.
-
-Plans after torchtitan's Llama output layer and token embedding: ``torch_column_gathered``,
-``torch_vocab_parallel`` (loss_parallel), ``torch_row_parallel``, ``torch_vocab_embedding``; trained by
-the driver with plain SGD on the DTensor parameters, local shards recorded against ``split = "chunk"``.
-Details: docs/subjects.md#pytorch-dtensor
-"""
+"""PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``, DTensor) on the tiny LM, with plans
+after torchtitan's Llama output layer and token embedding, trained by the driver (docs/subjects.md#pytorch-dtensor)."""
 from __future__ import annotations
 
 import torch
