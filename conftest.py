@@ -29,7 +29,9 @@ def pytest_configure(config):
     from parity.settings import RunSettings
 
     if not pinned():  # the cases' rounding samples need str hashes pinned (parity/hash_seed.py): start again
-        config.pluginmanager.getplugin("capturemanager").stop_global_capturing()  # the real stdout, stderr back
+        capture = config.pluginmanager.getplugin("capturemanager")  # None under -p no:capture
+        if capture is not None:
+            capture.stop_global_capturing()  # the real stdout and stderr back before the exec
         restart_pinned()
 
     cache = config.getoption("--parity-reference-cache")
