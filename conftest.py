@@ -25,7 +25,14 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    from parity.hash_seed import pinned, restart_pinned
     from parity.settings import RunSettings
+
+    if not pinned():  # the cases' rounding samples need str hashes pinned (parity/hash_seed.py): start again
+        capture = config.pluginmanager.getplugin("capturemanager")  # None under -p no:capture
+        if capture is not None:
+            capture.stop_global_capturing()  # the real stdout and stderr back before the exec
+        restart_pinned()
 
     cache = config.getoption("--parity-reference-cache")
     if cache is not None:  # on every xdist worker too: each computes its cases' references

@@ -499,6 +499,10 @@ def dispatch(args) -> int:
 
 
 def main(argv=None) -> int:
+    if argv is None:  # the command line: run it again with str hashes pinned (parity/hash_seed.py says why)
+        from parity.hash_seed import restart_pinned
+
+        restart_pinned()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         # The case code imports the subject registry, which imports PARITY_SUBJECT_MODULES.
