@@ -70,8 +70,8 @@ class RoundingNoise(TorchDispatchMode):
         if rule is None or making_inputs():  # making_inputs: the reference's exact inputs, the subject's too
             return out
         first = out[0] if isinstance(out, (tuple, list)) else out
-        if not isinstance(first, torch.Tensor) or not first.is_floating_point() or not first.numel():
-            return out
+        if not isinstance(first, torch.Tensor) or not first.is_floating_point() or not first.numel() or first.is_meta:
+            return out  # a meta tensor (a model built on the meta device, then loaded) holds no values to round
         cast, in_place = rule
         if cast:
             source = args[0]

@@ -29,6 +29,14 @@ def test_the_noise_is_relative_to_each_op_and_leaves_exact_ops_alone():
     assert bool((moved > 0).any()) and bool((moved <= 2 * U32 * (a + 1.0)).all())
 
 
+def test_an_op_on_the_meta_device_is_left_alone():
+    """A model built on the meta device and then loaded (transformers' from_pretrained) runs ops on meta tensors:
+    they hold no values, so the noise leaves them alone instead of mixing a CPU draw into them."""
+    with rounding.RoundingNoise(0):
+        out = torch.ones(4, device="meta").exp()
+    assert out.is_meta and out.shape == (4,)
+
+
 def test_samples_are_seeded():
     a = torch.linspace(-1, 1, 64, dtype=torch.float32)
 
