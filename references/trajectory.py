@@ -207,6 +207,8 @@ def train_reference(model_spec: ModelSpec, train: TrainingSpec, case_dtype: torc
             if scaler is not None:
                 found_inf = found_inf or any_non_finite(p.grad for p in params.values())
             for name, p in params.items():
+                if p.grad is None:  # the loss did not reach it (an expert no token chose): plain SGD leaves it
+                    continue
                 grad = p.grad.to(step_grads[name].dtype)
                 if compressed is not None:
                     compressed[name] += (grad if scaler is None else grad / scale).to(train.comm_dtype).div_(train.dp)

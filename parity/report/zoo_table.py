@@ -46,7 +46,8 @@ def _last_error(reason: str) -> str:
     return lines[0] if lines else ""
 
 
-# deepspeed.initialize's own refusals, whether or not the case expected them: (error line fragment, cell text).
+# deepspeed.initialize's and from_pretrained's own refusals, whether or not the case expected them: (error line
+# fragment, cell text).
 REFUSALS = (
     (re.compile(r"unsupported partition style\(s\): \[([^\]]*)\]"),
      lambda m: "unsupported plan styles " + m.group(1).replace("'", "")),
@@ -55,6 +56,8 @@ REFUSALS = (
     (re.compile(r"AutoTP not supported for model"), lambda m: "AutoTP not supported for the model"),
     (re.compile(r"vocab_parallel_lm_head requires a supported nn.Linear named 'lm_head' or 'embed_out'"),
      lambda m: "vocab_parallel_lm_head needs a head named lm_head or embed_out"),
+    # transformers' from_pretrained(tp_plan="auto") on a class without a plan
+    (re.compile(r"`tp_size=\d+` was requested, but `(\w+)` has no `tp_plan`"), lambda m: f"{m.group(1)} has no tp_plan"),
 )
 
 
@@ -126,9 +129,10 @@ def render(summary: dict, summary_path: str) -> str:
     lines = [
         "# Zoo compatibility (generated)",
         "",
-        f"DeepSpeed AutoTP and transformers' own TP on every causal-LM architecture of the installed transformers, built tiny "
-        f"(references/zoo.py), fp32, TP 2, ZeRO 0, 5 SGD steps against the unsharded model "
-        f"(cases/zoo/full.toml, cases/zoo/full_transformers_tp.toml). {versions}. Run: `{summary.get('command', '')}`, {summary.get('wall_seconds')} s.",
+        f"DeepSpeed AutoTP and transformers' own TP on every causal-LM architecture of the installed transformers, "
+        f"built tiny (references/zoo.py), fp32, TP 2, ZeRO 0, 5 SGD steps against the unsharded model "
+        f"(cases/zoo/full.toml, cases/zoo/full_transformers_tp.toml). {versions}. "
+        f"Run: `{summary.get('command', '')}`, {summary.get('wall_seconds')} s.",
         "",
         f"Regenerate: `{REGENERATE.format(summary=summary_path)}` (tests/report/test_zoo_table.py holds it current).",
         "",
@@ -137,9 +141,11 @@ def render(summary: dict, summary_path: str) -> str:
         "removed, AutoTP's heuristic parser; preset (`zoo_preset`): tensor_parallel.preset_model of the "
         "architecture's AutoTP preset family (only those rows); each with vocab_parallel_lm_head false, and true "
         "(the vocab parallel columns); transformers tp (`zoo_transformers_tp`): transformers' own tensor parallelism, "
-        "from_pretrained(tp_plan=\"auto\") on DTensor, no DeepSpeed. not in this run: the summary holds no such case. passed: every check holds; diverged: a known finding (its reproducer); "
-        "refused: deepspeed.initialize refused the model (unsupported plan styles, no AutoTP policy, an embedding "
-        "it cannot shard); cannot run: skipped, the census reason; failed: not yet explained (a check or an error).",
+        "from_pretrained(tp_plan=\"auto\") on DTensor, no DeepSpeed. not in this run: the summary holds no such case. "
+        "passed: every check holds; diverged: a known finding (its reproducer); refused: deepspeed.initialize refused "
+        "the model (unsupported plan styles, no AutoTP policy, an embedding it cannot shard), or from_pretrained did "
+        "(a class without a tp_plan); cannot run: skipped, the census reason; failed: not yet explained (a check or "
+        "an error).",
         "",
         *(f"- {c}" for c in counts),
         "",
