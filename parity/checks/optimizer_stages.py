@@ -49,6 +49,16 @@ def _held(name, got, want, bound, **where) -> dict:
             "detail": "" if finite else "non-finite values"}
 
 
+def _reduced_one_replica(micros: list, reduce_dtype: str | None, scale: float) -> list:
+    """The micro-batch gradients as a DP-1 reduction hands them to accumulation (ZeRO 2 reduces each before adding
+    it): cast into the reduction dtype and back, on the loss-scaled values the rank held (1/1 is exact). Without a
+    per-micro reduction (``reduce_dtype`` None), as they are."""
+    if reduce_dtype is None or any(m is None for m in micros):
+        return micros
+    return [torch.from_numpy(m * scale).float().to(getattr(torch, reduce_dtype)).double().numpy() / scale
+            for m in micros]
+
+
 def optimizer_stage_checks(c) -> list[dict]:
     """Check dicts for compare.Comparison.add; none for a subject that records no optimizer-side stage."""
     if not any(o.facts.get("stage_records") for o in c.obs.values()):
@@ -78,6 +88,8 @@ def optimizer_stage_checks(c) -> list[dict]:
                 accumulated = o.get_stage("reduce_in", step, None, name)
                 if accumulated is None and one_replica:
                     accumulated = grad
+                    micros = _reduced_one_replica(micros, o.facts.get("micro_reduce_dtypes", {}).get(name),
+                                                  o.facts.get("stage_scales", {}).get(step, 1.0))
                 if accumulated is not None and all(m is not None and m.shape == accumulated.shape for m in micros):
                     out.append(_held(f"grad_accum[{name}][stage]", accumulated, np.sum(micros, axis=0),
                                      accumulation_bound(micros, accum), **where))

@@ -14,9 +14,12 @@ def install(update, engine, params: dict, zero: int):
     if zero == 3:
         return lambda: None
     obs = update.obs
-    hooks = [p.register_hook(lambda g, name=name: obs.record_stage("micro_grad", update.step, update.micro, name, g,
-                                                                    unscale=update.scale))
-             for name, p in params.items() if p.requires_grad]
+    def micro_grad(name, g):
+        obs.record_stage("micro_grad", update.step, update.micro, name, g, unscale=update.scale)
+        obs.facts.setdefault("stage_scales", {})[update.step] = update.scale  # what the records were divided by
+
+    hooks = [p.register_hook(lambda g, name=name: micro_grad(name, g)) for name, p in params.items() if p.requires_grad]
+    undo_zero = _install_zero_reduce(update, engine.optimizer, params) if zero in (1, 2) else (lambda: None)
     wrapper = engine.optimizer
     inner = getattr(wrapper, "optimizer", wrapper)  # fp32 at ZeRO 0: the torch optimizer itself
     original = inner.step
@@ -44,10 +47,38 @@ def install(update, engine, params: dict, zero: int):
     engine._reduce_non_expert_gradients = reduce_gradients
 
     def undo():
+        undo_zero()
         for h in hooks:
             h.remove()
         inner.step = original
         engine._reduce_non_expert_gradients = reduce
+    return undo
+
+
+def _install_zero_reduce(update, opt, params: dict):
+    """ZeRO 1-2: each parameter's reduction dtype (get_param_comm_dtype: torch_autocast's marks, else
+    communication_data_type) into facts["reduce_dtypes"]. ZeRO 1 reduces the accumulated gradient at the boundary: it
+    is recorded as reduce_in. ZeRO 2 reduces every micro-batch's gradient before accumulating it (partition_gradients):
+    facts["micro_reduce_dtypes"] tells the oracle so. Returns an undo."""
+    obs, names = update.obs, {id(p): name for name, p in params.items()}
+    dtypes = {name: str(opt.get_param_comm_dtype(p)).replace("torch.", "") for name, p in params.items()
+              if p.requires_grad}
+    obs.facts["reduce_dtypes"] = dtypes
+    if opt.partition_gradients:
+        obs.facts["micro_reduce_dtypes"] = dtypes
+        return lambda: None
+    original = opt.reduce_independent_p_g_buckets_and_remove_grads
+
+    def reduce_one(param, i):
+        grad, name = opt.get_gradient_for_reduction(param), names.get(id(param))
+        if grad is not None and name is not None:
+            obs.record_stage("reduce_in", update.step, None, name, grad, unscale=update.scale)
+        return original(param, i)
+
+    opt.reduce_independent_p_g_buckets_and_remove_grads = reduce_one
+
+    def undo():
+        del opt.reduce_independent_p_g_buckets_and_remove_grads  # the class's method again
     return undo
 
 
