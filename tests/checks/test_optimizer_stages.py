@@ -61,3 +61,18 @@ def test_clip_coefficient_rounded_to_bf16_fails():
     rounded = torch.tensor(coefficient).to(torch.bfloat16).float()
     assert not _passes((g * rounded).double().numpy(), want, bound)
     assert not np.any(clip_stage_bound(g.double().numpy(), 1.0, 0.0, False))
+
+
+def test_zero2_one_replica_accumulates_micros_as_its_reduction_cast_them():
+    """ZeRO 2 reduces each micro-batch's gradient before accumulating it: at DP 1 with a bf16 reduction dtype the
+    step gradient is the float32 sum of the bf16-cast micros, which the oracle holds once it casts them too."""
+    from parity.checks.optimizer_stages import _reduced_one_replica
+
+    micros = [torch.randn(4000, generator=_rng(i + 7)) for i in range(2)]
+    got = (micros[0].to(torch.bfloat16).float() + micros[1].to(torch.bfloat16).float()).double().numpy()
+    arrays = [m.double().numpy() for m in micros]
+    assert not _passes(got, np.sum(arrays, axis=0), accumulation_bound(arrays, "fp32"))
+    for scale in (1.0, 1024.0):  # the cast is of the loss-scaled values the rank held; records are unscaled
+        cast = _reduced_one_replica([a / scale for a in arrays], "bfloat16", scale)
+        assert _passes(got / scale, np.sum(cast, axis=0), accumulation_bound(cast, "fp32"))
+    assert _reduced_one_replica(arrays, None, 1.0) is arrays
