@@ -19,7 +19,10 @@ def install(update, engine, params: dict, zero: int):
         obs.facts.setdefault("stage_scales", {})[update.step] = update.scale  # what the records were divided by
 
     hooks = [p.register_hook(lambda g, name=name: micro_grad(name, g)) for name, p in params.items() if p.requires_grad]
-    undo_zero = _install_zero_reduce(update, engine.optimizer, params) if zero in (1, 2) else (lambda: None)
+    # ZeRO 1-2's own optimizer (BF16_Optimizer, which ZeRO 1 with grad_accum_dtype fp32 builds, reduces through
+    # the engine's _reduce_non_expert_gradients below)
+    zero_optimizer = zero in (1, 2) and hasattr(engine.optimizer, "reduce_independent_p_g_buckets_and_remove_grads")
+    undo_zero = _install_zero_reduce(update, engine.optimizer, params) if zero_optimizer else (lambda: None)
     wrapper = engine.optimizer
     inner = getattr(wrapper, "optimizer", wrapper)  # fp32 at ZeRO 0: the torch optimizer itself
     original = inner.step
