@@ -76,3 +76,13 @@ def test_zero2_one_replica_accumulates_micros_as_its_reduction_cast_them():
         cast = _reduced_one_replica([a / scale for a in arrays], "bfloat16", scale)
         assert _passes(got / scale, np.sum(cast, axis=0), accumulation_bound(cast, "fp32"))
     assert _reduced_one_replica(arrays, None, 1.0) is arrays
+
+
+def test_an_overflow_in_the_stage_input_is_carried_on_not_a_failure():
+    """A skipped fp16 step's micro-batch gradient holds inf: the accumulation passes it on; a stage that turns a
+    finite input non-finite, or drops the inf, fails."""
+    micros = [np.array([1.0, np.inf, -np.inf, 2.0]), np.array([1.0, 1.0, -1.0, np.nan])]
+    want, bound = np.sum(micros, axis=0), accumulation_bound(micros, "fp32")
+    assert _passes(np.array([2.0, np.inf, -np.inf, np.nan]), want, bound)
+    assert not _passes(np.array([2.0, 3.0e38, -np.inf, np.nan]), want, bound)
+    assert not _passes(np.array([np.inf, np.inf, -np.inf, np.nan]), want, bound)
