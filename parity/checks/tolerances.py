@@ -419,3 +419,54 @@ def sgd_error_coeff(weight_dtype: str) -> tuple[float, float]:
 # The systematic relative error every check kind must catch, per case dtype (`parity sensitivity`;
 # docs/tolerances.md#sensitivity-targets-and-planted-errors).
 SENSITIVITY_TARGETS = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+
+
+# -- optimizer-side stage oracles (parity/checks/optimizer_stages.py, docs/tolerances.md#optimizer-stages) ----------
+def accumulation_bound(micros: list, dtype_name) -> np.ndarray:
+    """Per entry, the rounding of summing micro-batch gradients g_1..g_n one by one in ``dtype_name``: each add
+    rounds its partial sum once, u sum_{k>=2} |s_k| (s_k the float64 partial sums, widened by (1 + u)^n for the
+    rounded partial sums the adds actually see). One micro-batch: exact."""
+    u = unit_roundoff(dtype_name)
+    partial = np.cumsum(np.asarray(micros, dtype=np.float64), axis=0)
+    return u * (1 + u) ** len(micros) * np.sum(np.abs(partial[1:]), axis=0)
+
+
+def reduction_bound(inputs: list, comm_dtype: str, grad_dtype: str) -> np.ndarray:
+    """Per entry, the average of D data-parallel inputs g_i reduced in ``comm_dtype``: the cast into it where the
+    gradient's dtype differs (u |g_i| each), with D > 1 the scaling by 1/D before the sum and the sum's D - 1 adds
+    (u sum_i |g_i| each, at most) and the scaling after (u |mean|), each in comm_dtype's u; the cast back is exact
+    or one more rounding of |mean| in the gradient's dtype. D = 1 and one dtype: exact."""
+    g = np.abs(np.asarray(inputs, dtype=np.float64))
+    d, u = len(inputs), unit_roundoff(getattr(torch, comm_dtype))
+    cast = comm_dtype != grad_dtype
+    back = unit_roundoff(getattr(torch, grad_dtype)) if cast and u < unit_roundoff(getattr(torch, grad_dtype)) else 0.0
+    mean = np.abs(np.mean(np.asarray(inputs, dtype=np.float64), axis=0))
+    units = cast + (d if d > 1 else 0)  # the casts in, and 1/D and the D - 1 adds
+    return (1 + 4 * u) * (u * units * g.sum(axis=0) / d + (u * (d > 1) + back) * mean)
+
+
+def norm_stage_bound(norm: float, entries: int) -> float:
+    """A float32 L2 norm of ``entries`` values against float64's: clip_coefficient_error's relative error."""
+    return clip_coefficient_error(False, entries) * norm
+
+
+def clip_stage_bound(grad: np.ndarray, coefficient: float, norm_error: float, clipped: bool,
+                     dtype_name: str = "float32", held_dtype: str | None = None) -> np.ndarray:
+    """Per entry, the applied gradient's distance from the held one times ``coefficient`` (float64, from the norm
+    the rank reports, else from the held gradients' norm, of relative error ``norm_error`` against the subject's):
+    that error, and four roundings in the applied gradient's dtype (float32, or bf16 gradients): the coefficient's
+    own arithmetic on the norm (clip's cast, the eps add, the division) and the multiply. Unclipped: exact (a
+    power-of-two unscale), but for the cast where the step applies a coarser dtype than the gradient held (bf16 master
+    gradients from a float32 accumulation): one rounding of |g| coefficient in it."""
+    u = unit_roundoff(getattr(torch, dtype_name))
+    held = unit_roundoff(getattr(torch, held_dtype)) if held_dtype else u
+    cast = u if u > held else 0.0
+    return np.abs(grad) * coefficient * ((norm_error + 4 * u if clipped else 0.0) + cast)
+
+
+def step_stage_bound(new: np.ndarray, update: np.ndarray, dtype_name: str) -> np.ndarray:
+    """Per entry, SGD's w - lr g done in ``dtype_name`` (the weight's: a float32 master, or the model dtype where
+    there is none): lr's rounding and the product's, |lr g| u each, and the sum's, u of a sum
+    those two may have moved off w' ((1 + 4u) |w'|)."""
+    u = unit_roundoff(getattr(torch, dtype_name))
+    return u * (1 + 4 * u) * (np.abs(new) + 2 * np.abs(update))
