@@ -45,8 +45,6 @@ SELECTION = {
         # bf16 under ZeRO 0 (FP16_UnfusedOptimizer), for the precision-only optimizer mutant where fp16
         # engines cannot run; a documented divergence (contract[grad]) that a mutant must push further.
         "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu",
-        # BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32), clipped: its accumulation, norm and clip-coefficient mutants.
-        "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-gacc_fp32-igu",
         # fp16 dynamic loss scale with DeepSpeed's default hysteresis (the hysteresis mutant): a documented divergence
         # from GradScaler's skips that a mutant must push further.
         "column_gathered-fp16-mean-v34-h32-bias-lm_head-ign_scattered-zero2-gas2-tp2-cpu-ls_dyn19",

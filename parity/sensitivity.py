@@ -44,10 +44,7 @@ def add_arguments(parser) -> None:
 # Checks computed from an observable that carry no record kind's name: the SGD identity holds the
 # updated weights to the rank's own gradient (the stage gradient -> update); the reported clipping
 # norm is a function of the gradient.
-# The optimizer-side stage checks count for the stage output they judge (copy_back, bitwise, for none).
-DERIVED_CHECKS = {"sgd_update": ("weight", "weight_grad"), "grad_norm": ("weight_grad",),
-                  "grad_accum": ("accumulated_grad",), "dp_reduce": ("reduced_grad",),
-                  "unscale_clip": ("applied_grad",), "opt_step": ("master_weight",), "copy_back": ()}
+DERIVED_CHECKS = {"sgd_update": ("weight", "weight_grad"), "grad_norm": ("weight_grad",)}
 
 
 def belongs(check_name: str, observable: str) -> bool:

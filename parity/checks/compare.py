@@ -16,7 +16,6 @@ from parity.checks import rounding, stages
 from parity.checks.bounded_cache import BoundedCache
 from parity.checks.contract import contract_checks
 from parity.checks.master_weights import master_weight_checks
-from parity.checks.optimizer_stages import optimizer_stage_checks
 from parity.checks.resume import check_trained_on, resume_checks
 from parity.checks.one_thread import one_torch_thread
 from parity.checks.tolerances import (ROUNDING_SAMPLES, clip_coefficient_error, judge_close, sgd_identity_bound,
@@ -227,8 +226,7 @@ class Comparison:
         self.check_replicas_agree()
         self.check_saved()
         check_trained_on(self)
-        for check in (resume_checks(self) + master_weight_checks(self) + optimizer_stage_checks(self)
-                      + contract_checks(self.obs, self.reference)):
+        for check in resume_checks(self) + master_weight_checks(self) + contract_checks(self.obs, self.reference):
             self.add(**check)  # the optimizer's float32 masters; precision and placement of every tensor
         return self.checks
 

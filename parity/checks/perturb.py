@@ -14,14 +14,7 @@ OBSERVABLES = {
     "head_input_grad": ("head_input_grad", "hidden_grad", "logits_grad"),
     "weight_grad": ("grad", "weight_grad", "bias_grad"),
     "weight": ("weight",),
-    # The optimizer-side stages' outputs (parity/checks/optimizer_stages.py); the first three are stage records
-    # (RankObservations.record_stage, kept in facts["stage_records"]).
-    "accumulated_grad": ("reduce_in",),
-    "reduced_grad": ("reduce_out",),
-    "applied_grad": ("opt_grad",),
-    "master_weight": ("master_weight",),
 }
-STAGE_RECORD_OBSERVABLES = ("accumulated_grad", "reduced_grad", "applied_grad")
 MODES = ("scale", "element", "shard")
 MAX_EPS = {"scale": 2.0, "element": 2.0, "shard": 2.0}
 
@@ -30,16 +23,7 @@ def record_keys(obs, observable: str) -> list:
     """The keys of ``obs.tensors`` this observable covers, in recording order; initial weights
     (step -1) are left out: they are the reference's own values, checked bitwise."""
     kinds = OBSERVABLES[observable]
-    return [k for k in _store(obs, observable) if k[0] in kinds and k[1] >= 0 and _array(obs, observable, k).size]
-
-
-def _store(obs, observable: str) -> dict:
-    return obs.facts.get("stage_records", {}) if observable in STAGE_RECORD_OBSERVABLES else obs.tensors
-
-
-def _array(obs, observable: str, key):
-    value = _store(obs, observable)[key]
-    return value[0] if observable in STAGE_RECORD_OBSERVABLES else value
+    return [k for k in obs.tensors if k[0] in kinds and k[1] >= 0 and obs.tensors[k].size]
 
 
 def median_element(array: np.ndarray) -> tuple:
@@ -67,12 +51,11 @@ def perturb(observations: dict, rank: int, observable: str, mode: str, eps: floa
     out = dict(observations)
     obs = copy.copy(observations[rank])
     obs.tensors = dict(obs.tensors)
-    obs.facts = {**obs.facts, "stage_records": dict(obs.facts.get("stage_records", {}))}
     keys = record_keys(obs, observable)
     if mode == "element":
         keys = keys[:1]
     for key in keys:
-        array = _array(obs, observable, key).copy()
+        array = obs.tensors[key].copy()
         if mode == "scale":
             array *= 1 + eps
         elif mode == "element":
@@ -81,10 +64,7 @@ def perturb(observations: dict, rank: int, observable: str, mode: str, eps: floa
             kind, name = key[0], key[3]
             dim = claims.micro_records.get(kind) if kind in claims.micro_records else claims.param_shards.get(name)
             array[shard_block(array, dim is not None, tp, obs.tp_rank)] *= 1 - eps
-        if observable in STAGE_RECORD_OBSERVABLES:
-            obs.facts["stage_records"][key] = (array, obs.facts["stage_records"][key][1])
-        else:
-            obs.tensors[key] = array
+        obs.tensors[key] = array
     out[rank] = obs
     return out
 

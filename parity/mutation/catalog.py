@@ -734,18 +734,9 @@ def _ce_reduced_in_logits_dtype():
     return _swap(ce, "vocab_parallel_cross_entropy", vocab_parallel_cross_entropy)
 
 
-def _truncated(master, dtype):
-    """``master`` (float32) cut to bfloat16 by dropping its low 16 bits: rounded toward zero, not to nearest."""
-    import torch
-
-    return (master.view(torch.int32) & -65536).view(torch.float32).to(dtype)
-
-
-def _unfused_master_in_model_dtype(plant="master"):
-    """FP16_UnfusedOptimizer.step (ZeRO 0 with bf16/fp16), upstream line for line, except for one planted change:
-    ``master``: the fp32 master is rounded to the model dtype after every update (master weights not kept in fp32);
-    ``increment``: the update the inner step made to the master is rounded to the model dtype before it is kept;
-    ``copy_back``: the copy back to the bf16 weight truncates the master instead of rounding it to nearest."""
+def _unfused_master_in_model_dtype():
+    """FP16_UnfusedOptimizer.step (ZeRO 0 with bf16/fp16), upstream line for line, except that the
+    fp32 master is rounded to the model dtype after every update: master weights not kept in fp32."""
     import importlib
 
     import torch
@@ -781,11 +772,7 @@ def _unfused_master_in_model_dtype(plant="master"):
         self._update_scale(False)
         self.unscale_and_clip_grads(self._global_grad_norm)
 
-        starts = [p.data.clone() for group in self.fp32_groups for p in group] if plant == "increment" else None
         self.optimizer.step()
-        if plant == "increment":  # planted: the master moves by its update rounded to the model dtype
-            for p, start in zip([p for group in self.fp32_groups for p in group], starts):
-                p.data.copy_(start + (p.data - start).to(self.fp16_groups[0][0].dtype).float())
 
         for fp32_group, fp16_group in zip(self.fp32_groups, self.fp16_groups):
             for idx, (fp32_param, fp16_param) in enumerate(zip(fp32_group, fp16_group)):
@@ -794,91 +781,12 @@ def _unfused_master_in_model_dtype(plant="master"):
                 fp32_param.grad = None
 
                 #copy data from fp32 to fp16
-                if plant == "copy_back":  # planted: truncated, not rounded to nearest
-                    fp16_param.data.copy_(_truncated(fp32_param.data, fp16_param.dtype))
-                else:
-                    fp16_param.data.copy_(fp32_param.data)
-                if plant == "master":  # planted: the master keeps only model-dtype precision
-                    fp32_param.data.copy_(fp16_param.data)
+                fp16_param.data.copy_(fp32_param.data)
+                fp32_param.data.copy_(fp16_param.data)  # planted: the master keeps only model-dtype precision
 
         return self.overflow
 
     return _swap(mod.FP16_UnfusedOptimizer, "step", step)
-
-
-def _bf16_clip_coefficient_in_bf16():
-    """clip_tensors_by_global_norm as BF16_Optimizer.step calls it, upstream line for line, except that the
-    coefficient is rounded to bfloat16."""
-    import importlib
-
-    import torch
-
-    mod = importlib.import_module("deepspeed.runtime.bf16_optimizer")
-
-    def clip_tensors_by_global_norm(input_tensors, max_norm=1.0, global_norm=None, mpu=None, eps=1e-6):
-        if global_norm is None:
-            global_norm = mod.get_global_norm_of_tensors(input_tensors, mpu=mpu)
-        clip_coef = max_norm / (global_norm + eps)
-        if clip_coef < 1:
-            clip_coef = torch.as_tensor(clip_coef).to(torch.bfloat16).float()  # planted: rounded to bf16
-            for tensor in input_tensors:
-                tensor.detach().mul_(clip_coef)
-        return global_norm
-
-    return _swap(mod, "clip_tensors_by_global_norm", clip_tensors_by_global_norm)
-
-
-def _bf16_hp_grad_in_bf16():
-    """BF16_Optimizer._update_hp_grad, upstream line for line, except that the float32 accumulation is rounded to
-    bfloat16 after each micro-batch's add."""
-    import importlib
-
-    import torch
-
-    mod = importlib.import_module("deepspeed.runtime.bf16_optimizer")
-
-    def _update_hp_grad(self, lp, group_idx, param_idx, clear_lp_grads):
-        if lp.grad is None:
-            return
-
-        if self.autoep_folding_tp_group is not None and getattr(lp, "ds_grad_is_ready", True):
-            mod.apply_folding_correction_to_grad_buffer(self.autoep_folding_spec,
-                                                        lp,
-                                                        lp.grad,
-                                                        tp_group=self.autoep_folding_tp_group,
-                                                        param_name=self.param_names.get(lp))
-
-        hp_grad = self.fp32_groups_gradients[group_idx][param_idx]
-        assert hp_grad is not None, \
-            f'high precision param has no gradient, lp param_id = {id(lp)} group_info = [{group_idx}][{param_idx}]'
-
-        hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype).view(hp_grad.shape))
-        hp_grad.data.copy_(hp_grad.data.to(torch.bfloat16))  # planted: the accumulation kept in bf16
-        lp._hp_grad = hp_grad
-        self.fp32_groups_has_gradients[group_idx][param_idx] = True
-
-        # clear gradients
-        if clear_lp_grads:
-            lp.grad.zero_()
-
-    return _swap(mod.BF16_Optimizer, "_update_hp_grad", _update_hp_grad)
-
-
-def _bf16_norm_in_bf16():
-    """get_global_norm_of_tensors as BF16_Optimizer.step calls it, its result rounded to bfloat16."""
-    import importlib
-
-    import torch
-
-    mod = importlib.import_module("deepspeed.runtime.bf16_optimizer")
-    original = mod.get_global_norm_of_tensors
-
-    def get_global_norm_of_tensors(*args, **kwargs):
-        norm = original(*args, **kwargs)
-        rounded = torch.as_tensor(norm).to(torch.bfloat16).to(torch.as_tensor(norm).dtype)  # planted: bf16
-        return rounded if torch.is_tensor(norm) else float(rounded)
-
-    return _swap(mod, "get_global_norm_of_tensors", get_global_norm_of_tensors)
 
 
 def _loss_scaler_ignores_hysteresis():
@@ -1278,12 +1186,6 @@ def _uc_moments_zeroed():
     return _swap(uc, "load_hp_checkpoint_state", load_hp_checkpoint_state)
 
 
-# The column selection's bf16 ZeRO 0 case: FP16_UnfusedOptimizer, the one its planted step bugs reach.
-UNFUSED_BF16_CASE = "column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero0-gas2-tp2-cpu"
-# BF16_Optimizer (bf16, ZeRO 1, grad_accum fp32, immediate_grad_update), clipped at 1: its accumulation, norm, clip.
-BF16_OPTIMIZER_CASE = ("column_gathered-bf16-mean-v35-h32-bias-lm_head-ign_scattered-zero1-gas2-tp2-clip1-cpu-"
-                       "gacc_fp32-igu")
-
 MUTANTS = [
     Mutant("partition_row_moved",
            "TensorParallel_Layer._freeze_partition_sizes moves one row of the split from TP rank 0 to rank 1: the "
@@ -1550,34 +1452,6 @@ MUTANTS = [
            "every update: small updates round away as in a pure-bf16 optimizer",
            "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "weight / sgd_update",
            (COLUMN, VOCAB), _unfused_master_in_model_dtype),
-    # The optimizer-side stage oracles (parity/checks/optimizer_stages.py): one planted rounding per stage.
-    Mutant("unfused_increment_in_model_dtype",
-           "FP16_UnfusedOptimizer.step (ZeRO 0, bf16) keeps the float32 master's update rounded to bf16: the master "
-           "moves by a bf16 increment, one bf16 rounding of lr g",
-           "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "opt_step[...][stage]",
-           (COLUMN,), lambda: _unfused_master_in_model_dtype("increment"), cases=(UNFUSED_BF16_CASE,)),
-    Mutant("unfused_copy_back_truncated",
-           "FP16_UnfusedOptimizer.step (ZeRO 0, bf16) copies the float32 master to the bf16 weight by truncation: "
-           "half the entries one bf16 unit toward zero",
-           "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer.step", "copy_back[...][stage]",
-           (COLUMN,), lambda: _unfused_master_in_model_dtype("copy_back"), cases=(UNFUSED_BF16_CASE,)),
-    Mutant("bf16_optimizer_clip_coefficient_in_bf16",
-           "BF16_Optimizer.step (bf16, grad_accum_dtype fp32) clips its float32 gradients by a coefficient rounded to "
-           "bf16: one bf16 rounding of max_norm / (norm + eps)",
-           "deepspeed.runtime.utils.clip_tensors_by_global_norm (as bf16_optimizer calls it)",
-           "unscale_clip[...][stage] (clipped cases)", (COLUMN,), _bf16_clip_coefficient_in_bf16,
-           cases=(BF16_OPTIMIZER_CASE,)),
-    Mutant("bf16_optimizer_accumulates_in_bf16",
-           "BF16_Optimizer._update_hp_grad (bf16, grad_accum_dtype fp32) rounds the float32 gradient it accumulates "
-           "micro-batches into to bf16 after each add: one bf16 rounding of the step gradient at gas 2",
-           "deepspeed.runtime.bf16_optimizer.BF16_Optimizer._update_hp_grad", "grad_accum[...][stage] (gas 2)",
-           (COLUMN,), _bf16_hp_grad_in_bf16,
-           cases=(BF16_OPTIMIZER_CASE,)),
-    Mutant("bf16_optimizer_grad_norm_in_bf16",
-           "BF16_Optimizer.step (bf16, grad_accum_dtype fp32) takes the global gradient norm rounded to bf16 (reports "
-           "it and clips by it)", "deepspeed.runtime.utils.get_global_norm_of_tensors (as bf16_optimizer calls it)",
-           "grad_norm[stage] (clipped cases)", (COLUMN,), _bf16_norm_in_bf16,
-           cases=(BF16_OPTIMIZER_CASE,)),
     # fp16 dynamic loss scaling only (cases/deepspeed_loss_scale.toml): a static scale never overflows.
     Mutant("loss_scaler_ignores_hysteresis",
            "DynamicLossScaler.update_scale (ZeRO 1-3) halves the scale at every overflow: fp16.hysteresis parsed and "

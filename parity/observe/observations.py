@@ -38,19 +38,5 @@ class RankObservations:
         self.dtypes[key] = str(tensor.dtype).replace("torch.", "")
         self.devices[key] = str(tensor.device)
 
-    def record_stage(self, kind: str, step: int, micro, name, tensor: torch.Tensor, unscale: float = 1.0) -> None:
-        """An optimizer-side stage input (records.OPTIMIZER_STAGE_RECORDS), kept apart from the tensors the
-        reference also holds: facts["stage_records"][(kind, step, micro, name)] = (float64 array, dtype name)."""
-        from parity.observe.records import OPTIMIZER_STAGE_RECORDS
-
-        if kind not in OPTIMIZER_STAGE_RECORDS:
-            raise ValueError(f"stage record kind {kind!r} is not in records.OPTIMIZER_STAGE_RECORDS")
-        value = tensor.detach().to("cpu", torch.float64).numpy().copy() / unscale
-        self.facts.setdefault("stage_records", {})[(kind, step, micro, name)] = (value, str(tensor.dtype)[6:])
-
-    def get_stage(self, kind, step, micro, name) -> np.ndarray | None:
-        found = self.facts.get("stage_records", {}).get((kind, step, micro, name))
-        return None if found is None else found[0]
-
     def get(self, kind, step, micro, name) -> np.ndarray | None:
         return self.tensors.get((kind, step, micro, name))

@@ -115,22 +115,6 @@ STAGES = _kinds(
 )
 
 
-# The optimizer-side stage inputs (parity/checks/optimizer_stages.py), recorded by RankObservations.record_stage into
-# facts["stage_records"]: the plain-torch reference holds no such tensor, so no contract or replica check reads them.
-OPTIMIZER_STAGE_RECORDS = _kinds(
-    RecordKind("micro_grad", "a parameter's gradient from one micro-batch's backward, before it is accumulated",
-               MICRO, CASE, STAGE, FLOOR_STAGE),
-    RecordKind("reduce_in", "a parameter's accumulated gradient as the data-parallel reduction receives it", STEP,
-               STEP_GRAD, STAGE, FLOOR_STAGE),
-    RecordKind("reduce_out", "that gradient as the data-parallel reduction hands it back", STEP, STEP_GRAD, STAGE,
-               FLOOR_STAGE),
-    RecordKind("opt_grad", "the gradient the wrapped torch optimizer's step applied (unscaled, clipped)", STEP,
-               STEP_GRAD, STAGE, FLOOR_FLOAT32),
-    RecordKind("opt_start", "the weight (a float32 master where one is kept) that step started from", STEP,
-               STEP_GRAD, STAGE, FLOOR_FLOAT32),
-)
-
-
 def record_kind(name: str, stage: bool = False) -> RecordKind:
     """The schema entry of a record kind (of its stage-local check with ``stage``)."""
     table = STAGES if stage else RECORDS

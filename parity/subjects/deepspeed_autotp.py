@@ -723,20 +723,13 @@ class EngineUpdate:
         fp16_autocast = records and values.optional("autocast", None) == "fp16"
         self.amp_scaler = loss_scaling.autocast_scaler(engine) if fp16_autocast else None
         self.scale, self.scales, self.skipped = 1.0, [], []
-        self.step = self.micro = 0  # where parity/subjects/engine_stages.py's hooks record
 
     def start(self, run) -> None:
-        from parity.subjects import engine_stages
-
         self.obs, self.clip = run.obs, run.train.clip > 0 and self.reports_norm
         if self.records:
             record_weights(self.obs, -1, self.weights, self.zero)
-        # The optimizer-stage oracles' records (parity/checks/optimizer_stages.py); a resumed run records none.
-        self.undo_stage_hooks = (engine_stages.install(self, self.engine, self.weights, self.zero) if self.records
-                                 else lambda: None)
 
     def begin_step(self, step: int) -> None:
-        self.step, self.micro = step, 0
         self.scale = (loss_scaling.current_scale(self.engine) if self.scaled else
                       float(self.amp_scaler.get_scale()) if self.amp_scaler is not None else 1.0)
 
@@ -752,7 +745,6 @@ class EngineUpdate:
                 if grad is not None:
                     self.obs.record("grad", step, None, name, grad, unscale=self.scale)
         self.engine.step()
-        self.micro += 1
 
     def end_step(self, step: int) -> None:
         engine = self.engine
@@ -776,7 +768,6 @@ class EngineUpdate:
             record_master_weights(self.obs, step, engine, self.weights, self.zero)
 
     def finish(self) -> None:
-        self.undo_stage_hooks()
         if self.scaled:
             self.obs.facts["rank_decisions"].update(loss_scales=self.scales, skipped=self.skipped,
                                                     skipped_steps=int(self.engine.skipped_steps))
