@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
     ("references",),
     ("parity.settings",),  # the run's settings (RunSettings): read by every layer above, imports none of them
+    ("parity.hash_seed",),  # the entry points' PYTHONHASHSEED restart: imports nothing of the suite
     ("parity.observe",),
     # parity.axes: pure data, the registry the subjects' case values resolve their defaults from
     ("parity.subjects", "parity.mutation", "parity.axes"),
