@@ -34,6 +34,7 @@ SLIDING_WINDOW = 4  # shorter than the census's 6 tokens, so the window masks so
 SSM_CHUNK = 4  # a state-space scan's chunk: shorter than 6 tokens, so the scan carries state across chunks
 SSM_STATE = 16  # a state-space layer's state size
 SSM_STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size")
+SSM_SIZES = {"mamba_chunk_size": SSM_CHUNK, "chunk_size": SSM_CHUNK, **dict.fromkeys(SSM_STATE_KEYS, SSM_STATE)}
 MLA = {"kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
 WIDE = 32  # any other width field (*_size, *_dim) above WIDE_OVER
 WIDE_OVER = 64
@@ -169,7 +170,7 @@ def _shrink(cls, d: dict, text: bool) -> dict:
     # Mamba-2 scans pad every sequence to a whole chunk (256 by default) and carry a state of 128-256 per head:
     # left at their defaults, a tiny model spends seconds per forward there, so both are shrunk as other widths are.
     if any(k in d for k in SSM_STATE_KEYS):
-        for k, v in (("mamba_chunk_size", SSM_CHUNK), ("chunk_size", SSM_CHUNK)) + tuple((k, SSM_STATE) for k in SSM_STATE_KEYS):
+        for k, v in SSM_SIZES.items():
             if isinstance(d.get(k), int) and d[k] > v:
                 out[k] = v
     if isinstance(d.get("axial_pos_embds_dim"), list):

@@ -57,7 +57,8 @@ REFUSALS = (
     (re.compile(r"vocab_parallel_lm_head requires a supported nn.Linear named 'lm_head' or 'embed_out'"),
      lambda m: "vocab_parallel_lm_head needs a head named lm_head or embed_out"),
     # transformers' from_pretrained(tp_plan="auto") on a class without a plan
-    (re.compile(r"`tp_size=\d+` was requested, but `(\w+)` has no `tp_plan`"), lambda m: f"{m.group(1)} has no tp_plan"),
+    (re.compile(r"`tp_size=\d+` was requested, but `(\w+)` has no `tp_plan`"),
+     lambda m: f"{m.group(1)} has no tp_plan"),
 )
 
 
